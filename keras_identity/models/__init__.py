@@ -1,0 +1,10 @@
+"""Functional Keras models of the papers' networks."""
+
+from keras_identity.models.highway_net import highway_net
+from keras_identity.models.highway_net import plain_net
+from keras_identity.models.registry import get_model
+from keras_identity.models.registry import list_models
+from keras_identity.models.resnet import preact_resnet
+from keras_identity.models.resnet import resnet
+from keras_identity.models.resnet import resolve_depth
+from keras_identity.models.stage import residual_stage

@@ -1,0 +1,269 @@
+"""Residual networks for CIFAR, ImageNet and MNIST, as functional Keras models.
+
+The architectures follow the authors' code (summarised in
+``../shared/README.md``) and the papers' tables:
+
+* CIFAR (He et al. 2015, Sec. 4.2; He et al. 2016, appendix): a 3x3 stem
+  convolution, three stages of n units at 32x32, 16x16 and 8x8 with 16, 32
+  and 64 channels (bottleneck units: widths 16/32/64, outputs 64/128/256),
+  global average pooling and a fully connected classifier.  Depth 6n+2 with
+  basic units, 9n+2 with bottleneck units, 3n+2 with single-layer units.
+* ImageNet (He et al. 2015, Table 1; ResNet-200 of He et al. 2016, Table
+  5): 7x7/2 stem, 3x3/2 max pool, four stages {64, 128, 256, 512} wide.
+* MNIST (the lecture notes' ResNet): a 1x1 ``conv0`` with 16 channels, one
+  stage of n units of 16 channels with conv biases, average pooling and a
+  fully connected layer.  25 basic units (depth 52) give 117,802 parameters.
+
+For the pre-activation orderings the stem convolution of CIFAR and MNIST nets
+is bare, the first unit of every stage applies its BN-ReLU before the split
+(and projects the pre-activated input), and a final BN-ReLU follows the last
+unit.  ImageNet stems keep their BN-ReLU and max pool, so the very first unit
+omits its pre-activation (fb.resnet.torch's ``preresnet.lua``).
+"""
+
+import keras
+
+from keras_identity import _checks
+from keras_identity import initializers
+from keras_identity.layers.residual_unit import BLOCKS
+from keras_identity.layers.residual_unit import BOTTLENECK_EXPANSION
+from keras_identity.layers.residual_unit import PREACTIVATION_UNITS
+from keras_identity.layers.residual_unit import SHORTCUTS
+from keras_identity.layers.residual_unit import UNITS
+from keras_identity.models.stage import residual_stage
+
+DATASETS = ("cifar10", "cifar100", "imagenet", "mnist")
+_INPUT_SHAPES = {"cifar10": (32, 32, 3), "cifar100": (32, 32, 3),
+                 "imagenet": (224, 224, 3), "mnist": (28, 28, 1)}
+_NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet": 1000, "mnist": 10}
+_LAYERS_PER_UNIT = {"basic": 2, "bottleneck": 3, "single": 1}
+_FORM_EXAMPLES = {
+    ("cifar", "basic"): "6n+2 (e.g. 20, 32, 44, 56, 110, 1202)",
+    ("cifar", "bottleneck"): "9n+2 (e.g. 164, 1001)",
+    ("cifar", "single"): "3n+2 (e.g. 110 for Table 3's '1-layer skip')",
+    ("mnist", "basic"): "2n+2 (e.g. 52: the lecture's 25 units)",
+    ("mnist", "bottleneck"): "3n+2",
+    ("mnist", "single"): "n+2",
+}
+IMAGENET_DEPTHS = {
+    18: ("basic", (2, 2, 2, 2)),
+    34: ("basic", (3, 4, 6, 3)),
+    50: ("bottleneck", (3, 4, 6, 3)),
+    101: ("bottleneck", (3, 4, 23, 3)),
+    152: ("bottleneck", (3, 8, 36, 3)),
+    200: ("bottleneck", (3, 24, 36, 3)),
+}
+_WIDTHS = {"cifar": (16, 32, 64), "imagenet": (64, 128, 256, 512), "mnist": (16,)}
+_STRIDES = {"cifar": (1, 2, 2), "imagenet": (1, 2, 2, 2), "mnist": (1,)}
+
+
+def _family(dataset):
+    return "cifar" if dataset.startswith("cifar") else dataset
+
+
+def resolve_depth(depth, dataset="cifar10", block=None):
+    """Returns ``(block, units_per_stage)`` for a ResNet of ``depth`` layers.
+
+    Depth counts the weight layers: the stem convolution, the units' layers
+    and the classifier.  Without ``block``, CIFAR and MNIST nets use the
+    papers' choice (basic units below 164 layers, bottleneck units from 164
+    on, e.g. 20/32/44/56/110 basic, 164/1001 bottleneck) and fall back to the
+    other form when only that one fits.
+
+    Raises:
+        ValueError: naming ``depth`` and the valid forms when none fits.
+    """
+    _checks.check_positive_int("depth", depth)
+    _checks.check_choice("dataset", dataset, DATASETS)
+    if block is not None:
+        _checks.check_choice("block", block, BLOCKS)
+    family = _family(dataset)
+    if family == "imagenet":
+        if depth not in IMAGENET_DEPTHS:
+            raise ValueError(f"depth={depth} is not valid for ImageNet ResNets; expected one "
+                             f"of {', '.join(map(str, IMAGENET_DEPTHS))}.")
+        expected, units = IMAGENET_DEPTHS[depth]
+        if block is not None and block != expected:
+            raise ValueError(f"block={block!r} does not match ImageNet ResNet-{depth}, "
+                             f"which is built from {expected!r} units (He et al. 2015, "
+                             f"Table 1); leave block=None.")
+        return expected, units
+
+    stages = len(_WIDTHS[family])
+
+    def units_for(form):
+        per_stage, rest = divmod(depth - 2, stages * _LAYERS_PER_UNIT[form])
+        return per_stage if rest == 0 and per_stage >= 1 else None
+
+    if block is not None:
+        n = units_for(block)
+        if n is None:
+            raise ValueError(f"depth={depth} is not valid for a {dataset} ResNet with "
+                             f"block={block!r}: it needs depth = "
+                             f"{_FORM_EXAMPLES[(family, block)]}.")
+        return block, (n,) * stages
+    preferred = "bottleneck" if depth >= 164 and family == "cifar" else "basic"
+    for form in (preferred, "bottleneck" if preferred == "basic" else "basic"):
+        n = units_for(form)
+        if n is not None:
+            return form, (n,) * stages
+    forms = "; ".join(f"{form} units need depth = {_FORM_EXAMPLES[(family, form)]}"
+                      for form in BLOCKS)
+    raise ValueError(f"depth={depth} is not valid for {dataset} ResNets: {forms}.")
+
+
+def _check_input_shape(input_shape, dataset):
+    if input_shape is None:
+        return _INPUT_SHAPES[dataset]
+    shape = tuple(input_shape)
+    if len(shape) != 3 or shape[-1] is None or not all(
+            d is None or (isinstance(d, int) and d > 0) for d in shape):
+        raise ValueError(f"input_shape={input_shape!r} is not valid; expected "
+                         f"(height, width, channels) with a known number of channels, "
+                         f"e.g. {_INPUT_SHAPES[dataset]}.")
+    return shape
+
+
+def _classifier(x, num_classes, classifier_activation, kernel_regularizer, seed):
+    x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    # Logits and probabilities stay in float32 under mixed precision.
+    return keras.layers.Dense(
+        num_classes, activation=classifier_activation, dtype="float32",
+        kernel_initializer=initializers.torch_linear(seed),
+        kernel_regularizer=kernel_regularizer, name="predictions")(x)
+
+
+def _bn(name, momentum, epsilon):
+    return keras.layers.BatchNormalization(momentum=momentum, epsilon=epsilon, name=name)
+
+
+def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity",
+           block=None, num_classes=None, input_shape=None, dimension_shortcut=None,
+           shortcut_scale=0.5, scale_residual=False, gate_bias_init=0.0,
+           shortcut_dropout_rate=0.5, stochastic_depth_rate=0.0, stride_on_1x1=True,
+           include_top=True, classifier_activation="softmax", kernel_regularizer=None,
+           bn_momentum=0.9, bn_epsilon=1e-5, seed=None, name=None):
+    """Builds a ResNet of ``depth`` layers from :class:`ResidualUnit` layers.
+
+    Args:
+        depth: number of weight layers; CIFAR 6n+2 (basic), 9n+2
+            (bottleneck), 3n+2 (single); ImageNet 18, 34, 50, 101, 152, 200;
+            MNIST 2n+2 (basic).
+        dataset: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` or ``"mnist"``;
+            sets the architecture family, input shape and number of classes.
+        unit: Fig. 4 ordering (``"original"`` ... ``"full_preactivation"``).
+        shortcut: Fig. 2 shortcut (``"identity"`` ... ``"dropout"``).
+        block: ``"basic"``, ``"bottleneck"`` or ``"single"``; ``None`` follows
+            the papers (see :func:`resolve_depth`).
+        num_classes: classifier outputs (default: the dataset's classes).
+        input_shape: ``(height, width, channels)``; ImageNet nets are fully
+            convolutional, e.g. ``(320, 320, 3)`` for Table 5's test crop.
+        dimension_shortcut: ``"A"`` (zero padding) or ``"B"`` (projection) for
+            units that change shape; default A for basic/single CIFAR and MNIST
+            nets (He et al. 2015, Sec. 4.2), B otherwise.
+        shortcut_scale, scale_residual, gate_bias_init, shortcut_dropout_rate:
+            parameters of the shortcut variants, see :class:`ResidualUnit`.
+        stochastic_depth_rate: drop rate of the last unit; unit l of L drops
+            with ``rate * l / L`` (Huang et al.'s linear decay).  0 disables.
+        stride_on_1x1: bottleneck stride on the first 1x1 convolution (the
+            authors' code) or, if False, on the 3x3 (fb.resnet.torch).
+        include_top: add global average pooling and the classifier.
+        classifier_activation: activation of the classifier (``"softmax"``;
+            ``None`` returns logits).
+        kernel_regularizer: regularizer of every kernel (e.g. weight decay).
+        bn_momentum, bn_epsilon: BatchNormalization settings (Torch's 0.9 and
+            1e-5, as the authors' code).
+        seed: seed for initialisers and random masks (reproducible builds).
+        name: model name (default e.g. ``"preact_resnet164"``).
+
+    Returns:
+        A functional ``keras.Model``.
+    """
+    _checks.check_choice("dataset", dataset, DATASETS)
+    _checks.check_choice("unit", unit, UNITS)
+    _checks.check_choice("shortcut", shortcut, SHORTCUTS)
+    block, units = resolve_depth(depth, dataset, block)
+    family = _family(dataset)
+    if block == "single" and family == "imagenet":
+        raise ValueError("block='single' is not valid for ImageNet ResNets; expected "
+                         "'basic' (18, 34) or 'bottleneck' (50 and deeper).")
+    if dimension_shortcut is None:
+        dimension_shortcut = "A" if family != "imagenet" and block != "bottleneck" else "B"
+    num_classes = _NUM_CLASSES[dataset] if num_classes is None else num_classes
+    _checks.check_positive_int("num_classes", num_classes)
+    input_shape = _check_input_shape(input_shape, dataset)
+    _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
+                        high_inclusive=False)
+    if keras.config.image_data_format() != "channels_last":
+        raise ValueError("keras_identity models need keras.config.image_data_format() == "
+                         "'channels_last'.")
+
+    preact = unit in PREACTIVATION_UNITS
+    kernel_init = initializers.he_normal_fan_out(seed)
+    use_bias = family == "mnist"
+    unit_kwargs = dict(
+        block=block, unit=unit, shortcut=shortcut, dimension_shortcut=dimension_shortcut,
+        stride_on_1x1=stride_on_1x1, shortcut_scale=shortcut_scale,
+        scale_residual=scale_residual, gate_bias_init=gate_bias_init,
+        shortcut_dropout_rate=shortcut_dropout_rate, use_bias=use_bias,
+        bn_momentum=bn_momentum, bn_epsilon=bn_epsilon, kernel_initializer=kernel_init,
+        kernel_regularizer=kernel_regularizer, seed=seed)
+
+    inputs = keras.Input(shape=input_shape, name="images")
+    widths = _WIDTHS[family]
+    conv = dict(use_bias=use_bias, kernel_initializer=kernel_init,
+                kernel_regularizer=kernel_regularizer)
+    if family == "imagenet":
+        x = keras.layers.ZeroPadding2D(3, name="stem_pad")(inputs)
+        x = keras.layers.Conv2D(widths[0], 7, strides=2, name="stem_conv", **conv)(x)
+        x = _bn("stem_bn", bn_momentum, bn_epsilon)(x)
+        x = keras.layers.ReLU(name="stem_relu")(x)
+        x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
+        x = keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
+        first_preactivation = ["none"] + ["shared"] * (len(widths) - 1)
+    else:
+        kernel = 1 if family == "mnist" else 3
+        x = keras.layers.Conv2D(widths[0], kernel, padding="same", name="stem_conv",
+                                **conv)(inputs)
+        if not preact:
+            if family == "cifar":
+                x = _bn("stem_bn", bn_momentum, bn_epsilon)(x)
+            x = keras.layers.ReLU(name="stem_relu")(x)
+        first_preactivation = ["shared"] * len(widths)
+
+    total_units = sum(units)
+    done = 0
+    expansion = BOTTLENECK_EXPANSION if block == "bottleneck" else 1
+    for index, (width, stride, n) in enumerate(zip(widths, _STRIDES[family], units)):
+        rates = None
+        if stochastic_depth_rate:
+            rates = [stochastic_depth_rate * (done + i + 1) / total_units for i in range(n)]
+        first = {"preactivation": first_preactivation[index]} if preact else None
+        x = residual_stage(x, stage=index + 1, num_units=n, filters=width * expansion,
+                           strides=stride, unit_kwargs=unit_kwargs,
+                           first_unit_kwargs=first, stochastic_depth_rates=rates)
+        done += n
+    if preact:
+        if unit == "full_preactivation":
+            x = _bn("final_bn", bn_momentum, bn_epsilon)(x)
+        x = keras.layers.ReLU(name="final_relu")(x)
+    if include_top:
+        x = _classifier(x, num_classes, classifier_activation, kernel_regularizer, seed)
+    if name is None:
+        name = f"{'preact_' if unit == 'full_preactivation' else ''}resnet{depth}"
+        name += "" if dataset == "cifar10" else f"_{dataset}"
+    return keras.Model(inputs, x, name=name)
+
+
+def preact_resnet(depth=164, **kwargs):
+    """The full pre-activation ResNet of He et al. 2016 (Fig. 4(e), Eqn. 9).
+
+    ``preact_resnet(depth=1001)`` is the CIFAR-10 ResNet-1001 (10,327,706
+    trainable parameters); ``preact_resnet(200, dataset="imagenet")`` the
+    ImageNet ResNet-200 of Table 5.  Arguments are those of :func:`resnet`
+    except ``unit``.
+    """
+    if "unit" in kwargs:
+        raise ValueError("preact_resnet() always uses unit='full_preactivation'; call "
+                         "resnet(unit=...) for the other orderings of Fig. 4.")
+    return resnet(depth, unit="full_preactivation", **kwargs)

@@ -1,0 +1,84 @@
+import keras
+import numpy as np
+import pytest
+
+import keras_identity as ki
+from keras_identity.layers import Highway
+from keras_identity.layers import HighwayConv2D
+from keras_identity.models.highway_net import guideline_transform_bias
+
+
+def trainable(model):
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+@pytest.mark.parametrize("depth", [10, 20, 50, 100])
+def test_fig1_nets_have_about_5000_parameters_per_layer(depth):
+    highway = ki.models.highway_net(depth)
+    plain = ki.models.plain_net(depth)
+    # first plain layer + (depth - 1) hidden layers + softmax
+    assert trainable(highway) == (784 * 50 + 50) + (depth - 1) * 2 * (50 * 50 + 50) + 510
+    assert trainable(plain) == (784 * 71 + 71) + (depth - 1) * (71 * 71 + 71) + 720
+    assert len(ki.layers.highway_layers(highway)) == depth - 1
+    per_layer_h = 2 * (50 * 50 + 50)
+    per_layer_p = 71 * 71 + 71
+    assert abs(per_layer_h - per_layer_p) / per_layer_p < 0.01
+
+
+def test_guideline_gate_biases():
+    assert [guideline_transform_bias(d) for d in (10, 20, 30, 50)] == [-1, -2, -3, -3]
+    net = ki.models.highway_net(10)
+    np.testing.assert_array_equal(net.get_layer("highway2").transform_gate.bias, -1.0)
+    net = ki.models.highway_net(19, dataset="cifar10")
+    np.testing.assert_array_equal(net.get_layer("stage1_highway1").transform_gate.bias, -2.0)
+    net = ki.models.highway_net(10, transform_bias_init=-7)
+    np.testing.assert_array_equal(net.get_layer("highway10").transform_gate.bias, -7.0)
+
+
+def test_convolutional_highway_net():
+    net = ki.models.highway_net(19, dataset="cifar10")
+    hw = [l for l in net.layers if isinstance(l, HighwayConv2D)]
+    assert len(hw) == 15
+    convs = [l for l in net.layers if isinstance(l, keras.layers.Conv2D)]
+    assert len(hw) + len(convs) == 19
+    assert trainable(net) == 2_032_138
+    assert net.output_shape == (None, 10)
+    assert net.get_layer("stage3_highway5").output.shape == (None, 8, 8, 128)
+    plain = ki.models.plain_net(19, dataset="cifar100")
+    assert plain.output_shape == (None, 100)
+    assert plain.get_layer("stage1_plain1").kernel.shape == (3, 3, 45, 45)
+
+
+def test_fully_connected_cifar100_highway_net():
+    net = ki.models.highway_net(50, dataset="cifar100", architecture="fully_connected")
+    assert net.get_layer("plain1").kernel.shape == (32 * 32 * 3, 50)
+    assert net.output_shape == (None, 100)
+
+
+def test_highway_net_trains_and_round_trips(tmp_path, rng):
+    model = ki.models.highway_net(6, width=16, carry_gate="separate")
+    x = rng.uniform(size=(8, 28, 28, 1)).astype("float32")
+    y = rng.integers(0, 10, 8)
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    assert np.isfinite(model.train_on_batch(x, y))
+    model.save(tmp_path / "m.keras")
+    restored = keras.models.load_model(tmp_path / "m.keras", safe_mode=True)
+    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+    assert isinstance(restored.get_layer("highway2"), Highway)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: ki.models.highway_net(0), ["depth=0"]),
+    (lambda: ki.models.highway_net(5, dataset="cifar10"), ["depth=5", ">= 7"]),
+    (lambda: ki.models.highway_net(10, dataset="imagenet"), ["dataset='imagenet'"]),
+    (lambda: ki.models.highway_net(10, activation="gelu"), ["activation='gelu'", "'tanh'"]),
+    (lambda: ki.models.highway_net(10, carry_gate="x"), ["carry_gate='x'"]),
+    (lambda: ki.models.highway_net(10, architecture="rnn"), ["architecture='rnn'"]),
+    (lambda: ki.models.plain_net(10, width=0), ["width=0"]),
+    (lambda: ki.models.highway_net(19, dataset="cifar10", width=(8, 8)), ["width=(8, 8)"]),
+])
+def test_bad_input(call, words):
+    with pytest.raises(ValueError) as error:
+        call()
+    for word in words:
+        assert word in str(error.value)
