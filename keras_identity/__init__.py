@@ -10,7 +10,9 @@ except ImportError as error:  # pragma: no cover - depends on the install
         "(tensorflow-cpu), 'keras_identity[gpu]' (tensorflow[and-cuda]) or use the "
         "TensorFlow your platform provides (Colab TPU).") from error
 
+from keras_identity import data
 from keras_identity import layers
 from keras_identity import models
+from keras_identity import training
 
 __version__ = "0.1.0"

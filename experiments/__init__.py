@@ -1,0 +1,1 @@
+"""Command-line programs: ``python -m experiments.<name>`` from the repository root."""

@@ -1,0 +1,20 @@
+"""Shared pieces of the command-line programs."""
+
+import sys
+
+from absl import flags
+
+
+def one_line_flags_parser(argv):
+    """absl flag parsing that reports a bad flag in one line and exits with 2."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def fail(message, code=1):
+    """Prints ``error: <message>`` (one line) to stderr and exits."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(code)

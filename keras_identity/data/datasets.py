@@ -1,0 +1,355 @@
+"""Where the images come from: tensorflow_datasets, or offline files.
+
+``load_dataset("cifar10")`` uses tensorflow_datasets (Colab, or any machine
+with internet or a prepared ``~/tensorflow_datasets``).  Offline,
+``data_dir`` may be
+
+* a ``.npz`` file with ``x_train, y_train, x_test, y_test`` (e.g. MNIST);
+* an image-folder tree ``train/<class>/*.jpg``, ``test/<class>/*.jpg``
+  (``val/`` or ``validation/`` also accepted for the test split), or a
+  ``.tar.gz`` / ``.tgz`` / ``.tar`` archive of one;
+* a folder holding one of those whose name starts with the dataset's name
+  (``--data_dir=../shared/data`` finds ``cifar10-jpg.tar.gz``);
+* a tensorflow_datasets data directory (ImageNet: with the manual download
+  in ``<data_dir>/downloads/manual``).
+
+MNIST ships with the package (``keras_identity/data/mnist.npz``), so the
+default first run needs no network.  Small datasets (MNIST, CIFAR) are held
+in memory as uint8 arrays; ImageNet image folders are read file by file.
+"""
+
+import dataclasses
+import os
+import tarfile
+
+import numpy as np
+
+DATASETS = ("mnist", "cifar10", "cifar100", "imagenet")
+NUM_CLASSES = {"mnist": 10, "cifar10": 10, "cifar100": 100, "imagenet": 1000}
+IMAGE_SHAPES = {"mnist": (28, 28, 1), "cifar10": (32, 32, 3), "cifar100": (32, 32, 3),
+                "imagenet": (224, 224, 3)}
+BUILTIN_MNIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mnist.npz")
+_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+_TEST_SPLIT_NAMES = ("test", "val", "validation")
+
+
+class DataError(ValueError):
+    """A data source could not be found or read; the message says what to do."""
+
+
+@dataclasses.dataclass
+class ImageDataset:
+    """Images and labels of one dataset.
+
+    In-memory datasets hold uint8 arrays ``x_*`` of shape ``(n, h, w, c)``
+    and int32 labels ``y_*``.  File-based datasets (ImageNet folders) hold
+    ``files_*`` (paths) instead, and tfds-streamed ones ``tfds_*``.
+    ``x_val``/``y_val`` are set by :meth:`with_validation_split`.
+    """
+
+    name: str
+    num_classes: int
+    class_names: list
+    image_shape: tuple
+    source: str
+    x_train: np.ndarray = None
+    y_train: np.ndarray = None
+    x_test: np.ndarray = None
+    y_test: np.ndarray = None
+    x_val: np.ndarray = None
+    y_val: np.ndarray = None
+    files_train: list = None
+    files_test: list = None
+    tfds_train: object = None
+    tfds_test: object = None
+
+    @property
+    def in_memory(self):
+        return self.x_train is not None
+
+    @property
+    def num_train(self):
+        if self.x_train is not None:
+            return len(self.x_train)
+        if self.files_train is not None:
+            return len(self.files_train[0])
+        return self.tfds_train[1]
+
+    @property
+    def num_test(self):
+        if self.x_test is not None:
+            return len(self.x_test)
+        if self.files_test is not None:
+            return len(self.files_test[0])
+        return self.tfds_test[1]
+
+    def with_validation_split(self, fraction, seed=0):
+        """Carves a validation set out of the training images (stratified).
+
+        The test images are dropped, so a hyper-parameter search built on the
+        result can never see them.
+        """
+        if not self.in_memory:
+            raise DataError("a validation split needs an in-memory dataset (MNIST, CIFAR).")
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"validation_split={fraction!r} is not valid; expected a "
+                             f"number in (0, 1).")
+        rng = np.random.default_rng(seed)
+        val_index = []
+        for label in np.unique(self.y_train):
+            members = np.flatnonzero(self.y_train == label)
+            take = max(1, int(round(fraction * len(members))))
+            val_index.append(rng.choice(members, take, replace=False))
+        val_index = np.sort(np.concatenate(val_index))
+        keep = np.ones(len(self.y_train), bool)
+        keep[val_index] = False
+        return dataclasses.replace(
+            self, x_train=self.x_train[keep], y_train=self.y_train[keep],
+            x_val=self.x_train[val_index], y_val=self.y_train[val_index],
+            x_test=None, y_test=None, source=f"{self.source}, validation split {fraction}")
+
+    def subset(self, num_train=None, num_test=None, seed=0):
+        """A class-balanced random subset (for quick runs and tests)."""
+        rng = np.random.default_rng(seed)
+
+        def pick(x, y, n):
+            if x is None or n is None or n >= len(y):
+                return x, y
+            index = np.sort(rng.choice(len(y), n, replace=False))
+            return x[index], y[index]
+
+        x_train, y_train = pick(self.x_train, self.y_train, num_train)
+        x_test, y_test = pick(self.x_test, self.y_test, num_test)
+        return dataclasses.replace(self, x_train=x_train, y_train=y_train, x_test=x_test,
+                                   y_test=y_test)
+
+
+def _expand_gray(x):
+    return x[..., None] if x.ndim == 3 else x
+
+
+def _from_npz(path, name):
+    with np.load(path) as data:
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(data.files)
+        if missing:
+            raise DataError(f"{path} lacks the arrays {sorted(missing)}; expected x_train, "
+                            f"y_train, x_test, y_test.")
+        arrays = {k: data[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    x_train = _expand_gray(arrays["x_train"].astype(np.uint8))
+    num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
+    num_classes = max(num_classes, NUM_CLASSES.get(name, 0))
+    return ImageDataset(
+        name=name, num_classes=num_classes, class_names=[str(i) for i in range(num_classes)],
+        image_shape=tuple(x_train.shape[1:]), source=path, x_train=x_train,
+        y_train=arrays["y_train"].astype(np.int32).reshape(-1),
+        x_test=_expand_gray(arrays["x_test"].astype(np.uint8)),
+        y_test=arrays["y_test"].astype(np.int32).reshape(-1))
+
+
+def _decode_all(encoded, channels):
+    """Decodes a list of JPEG/PNG byte strings into one uint8 array."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices(encoded).map(
+        lambda b: tf.io.decode_image(b, channels=channels, expand_animations=False),
+        num_parallel_calls=tf.data.AUTOTUNE).batch(4096)
+    parts = [batch.numpy() for batch in ds]
+    return np.concatenate(parts) if parts else np.zeros((0, 1, 1, channels), np.uint8)
+
+
+def _split_of(parts):
+    """('train' | 'test' | None, class) of an image path inside an image-folder tree."""
+    if len(parts) < 3:
+        return None, None
+    split, cls = parts[-3].lower(), parts[-2]
+    if split == "train":
+        return "train", cls
+    if split in _TEST_SPLIT_NAMES:
+        return "test", cls
+    return None, None
+
+
+def _assemble(name, source, items, channels):
+    classes = sorted({cls for split in items.values() for cls, _ in split})
+    if not items["train"] or not items["test"]:
+        raise DataError(f"{source} is not an image-folder tree: expected images under "
+                        f"train/<class>/ and test/<class>/ (or val/<class>/).")
+    index = {cls: i for i, cls in enumerate(classes)}
+    arrays = {}
+    for split, entries in items.items():
+        arrays[f"x_{split}"] = _decode_all([b for _, b in entries], channels)
+        arrays[f"y_{split}"] = np.array([index[c] for c, _ in entries], np.int32)
+    shapes = {arrays["x_train"].shape[1:], arrays["x_test"].shape[1:]}
+    if len(shapes) != 1:
+        raise DataError(f"{source}: images of different sizes {sorted(shapes)}; in-memory "
+                        f"datasets need one size.")
+    return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
+                        image_shape=tuple(arrays["x_train"].shape[1:]), source=source,
+                        **arrays)
+
+
+def _channels(name):
+    return IMAGE_SHAPES.get(name, (0, 0, 3))[-1]
+
+
+def _from_archive(path, name):
+    items = {"train": [], "test": []}
+    try:
+        with tarfile.open(path, "r:*") as archive:
+            for member in archive:
+                if not member.isfile() or not member.name.lower().endswith(_IMAGE_EXTENSIONS):
+                    continue
+                split, cls = _split_of(member.name.replace("\\", "/").split("/"))
+                if split:
+                    items[split].append((cls, archive.extractfile(member).read()))
+    except (tarfile.TarError, OSError) as error:
+        raise DataError(f"cannot read the archive {path}: {error}") from None
+    for split in items:  # archive order is arbitrary; make it deterministic
+        items[split].sort(key=lambda entry: entry[0])
+    return _assemble(name, path, items, _channels(name))
+
+
+def _list_folder(root):
+    files = {"train": [], "test": []}
+    for dirpath, _, filenames in os.walk(root):
+        for filename in sorted(filenames):
+            if filename.lower().endswith(_IMAGE_EXTENSIONS):
+                path = os.path.join(dirpath, filename)
+                rel = os.path.relpath(path, root).replace(os.sep, "/").split("/")
+                split, cls = _split_of(rel)
+                if split:
+                    files[split].append((cls, path))
+    for split in files:
+        files[split].sort()
+    return files
+
+
+def _from_folder(root, name):
+    files = _list_folder(root)
+    if name == "imagenet":
+        classes = sorted({cls for split in files.values() for cls, _ in split})
+        if not files["train"] or not files["test"]:
+            raise DataError(f"{root} is not an image-folder tree: expected train/<class>/ "
+                            f"and val/<class>/.")
+        index = {cls: i for i, cls in enumerate(classes)}
+        as_lists = {s: ([p for _, p in e], np.array([index[c] for c, _ in e], np.int32))
+                    for s, e in files.items()}
+        return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
+                            image_shape=IMAGE_SHAPES["imagenet"], source=root,
+                            files_train=as_lists["train"], files_test=as_lists["test"])
+    items = {s: [] for s in files}
+    for split, entries in files.items():
+        for cls, path in entries:
+            with open(path, "rb") as f:
+                items[split].append((cls, f.read()))
+    return _assemble(name, root, items, _channels(name))
+
+
+def _is_tfds_dir(path, name):
+    """A tensorflow_datasets data_dir: prepared ``<name>/<version>/dataset_info.json``
+    or a manual-download folder."""
+    tfds_name = "imagenet2012" if name == "imagenet" else name
+    prepared = os.path.join(path, tfds_name)
+    if os.path.isdir(prepared):
+        for version in os.listdir(prepared):
+            if os.path.exists(os.path.join(prepared, version, "dataset_info.json")):
+                return True
+    return os.path.isdir(os.path.join(path, "downloads", "manual"))
+
+
+def _from_path(path, name):
+    lower = path.lower()
+    if os.path.isfile(path):
+        if lower.endswith(".npz"):
+            return _from_npz(path, name)
+        if lower.endswith((".tar.gz", ".tgz", ".tar")):
+            return _from_archive(path, name)
+        raise DataError(f"data_dir={path!r}: unknown file type; expected a .npz file or a "
+                        f".tar.gz/.tgz/.tar image-folder archive.")
+    if not os.path.isdir(path):
+        raise DataError(f"data_dir={path!r} does not exist.")
+    if any(os.path.isdir(os.path.join(path, s)) for s in ("train",)):
+        return _from_folder(path, name)
+    if _is_tfds_dir(path, name):
+        return None  # a tensorflow_datasets directory
+    candidates = sorted(entry for entry in os.listdir(path)
+                        if entry.lower().startswith(name.lower()))
+    # "cifar10" must not pick "cifar100-..."; prefer exact-prefix matches.
+    candidates = [c for c in candidates
+                  if not c[len(name):len(name) + 1].isdigit()]
+    for candidate in candidates:
+        full = os.path.join(path, candidate)
+        if os.path.isdir(full) or full.lower().endswith((".npz", ".tar.gz", ".tgz", ".tar")):
+            return _from_path(full, name)
+    raise DataError(f"data_dir={path!r} holds no {name} data: expected a .npz file, an "
+                    f"image-folder tree (train/<class>/, test/<class>/) or archive, or a "
+                    f"file/folder named {name}* inside it.")
+
+
+def _from_tfds(name, data_dir):
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise DataError(f"loading {name} without --data_dir needs tensorflow-datasets "
+                        f"(pip install 'keras_identity[data]'), or pass --data_dir with "
+                        f"offline files (e.g. --data_dir=../shared/data).") from None
+    tfds_name = "imagenet2012" if name == "imagenet" else name
+    try:
+        builder = tfds.builder(tfds_name, data_dir=data_dir)
+        builder.download_and_prepare()
+        info = builder.info
+        class_names = list(info.features["label"].names)
+        if name == "imagenet":
+            train = builder.as_dataset(split="train", as_supervised=True, shuffle_files=True)
+            test = builder.as_dataset(split="validation", as_supervised=True)
+            return ImageDataset(
+                name=name, num_classes=len(class_names), class_names=class_names,
+                image_shape=IMAGE_SHAPES[name], source=f"tfds:{tfds_name}",
+                tfds_train=(train, info.splits["train"].num_examples),
+                tfds_test=(test, info.splits["validation"].num_examples))
+        arrays = {}
+        for split in ("train", "test"):
+            x, y = tfds.as_numpy(builder.as_dataset(split=split, as_supervised=True,
+                                                    batch_size=-1))
+            arrays[f"x_{split}"] = x.astype(np.uint8)
+            arrays[f"y_{split}"] = y.astype(np.int32)
+    except Exception as error:  # tfds raises many types (download, manual dir, ...)
+        hint = ("ImageNet needs the manual download in <data_dir>/downloads/manual"
+                if name == "imagenet" else
+                "no internet? pass --data_dir with offline files (e.g. --data_dir="
+                "../shared/data)")
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise DataError(f"tensorflow_datasets could not load {tfds_name} "
+                        f"({type(error).__name__}: {first_line[:200]}); {hint}.") from None
+    return ImageDataset(name=name, num_classes=len(class_names), class_names=class_names,
+                        image_shape=tuple(arrays["x_train"].shape[1:]),
+                        source=f"tfds:{tfds_name}", **arrays)
+
+
+def load_dataset(name, data_dir=None):
+    """Loads ``name`` (``mnist``, ``cifar10``, ``cifar100``, ``imagenet``).
+
+    Args:
+        name: dataset name.
+        data_dir: offline files or a tensorflow_datasets directory (see the
+            module docstring); ``None`` uses the built-in MNIST or
+            tensorflow_datasets.
+
+    Raises:
+        ValueError: unknown ``name``; :class:`DataError` (a ValueError)
+            when the data cannot be found, with what to do instead.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"dataset={name!r} is not valid; expected one of: "
+                         f"{', '.join(repr(d) for d in DATASETS)}.")
+    if data_dir:
+        data_dir = os.path.expanduser(data_dir)
+        dataset = _from_path(data_dir, name)
+        if dataset is not None:
+            return dataset
+        return _from_tfds(name, data_dir)
+    if name == "mnist":
+        dataset = _from_npz(BUILTIN_MNIST, name)
+        dataset.source = "built-in MNIST (keras_identity/data/mnist.npz)"
+        return dataset
+    return _from_tfds(name, None)

@@ -1,0 +1,182 @@
+"""tf.data input pipelines for training and evaluation.
+
+Training streams are defined on *global* batches: batch k of a run is the
+same set of examples, with the same augmentations, whatever the number of
+workers and replicas.  Under a ``tf.distribute`` strategy each input pipeline
+(one per worker) keeps only its replicas' contiguous slices of every global
+batch (see :func:`distribute`), so a two-worker run computes the gradients
+of a single-device run.
+"""
+
+import tensorflow as tf
+
+from keras_identity.data import augment as augment_lib
+from keras_identity.data.augment import center_crop
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def _options():
+    options = tf.data.Options()
+    options.deterministic = True
+    # Sharding is explicit (see ``distribute``); never let tf.data re-shard.
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF)
+    return options
+
+
+def _seed(seed, position):
+    return tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)])
+
+
+def _decode_file(path):
+    return tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+
+
+def _shard(input_context, batch_size):
+    """(first example, examples, per-replica batch) of this input pipeline."""
+    if input_context is None:
+        return 0, batch_size, batch_size
+    pipelines = input_context.num_input_pipelines
+    replicas = input_context.num_replicas_in_sync
+    if batch_size % replicas:
+        raise ValueError(f"batch_size={batch_size} is not valid with {replicas} replicas; "
+                         f"expected a multiple.")
+    per_replica = batch_size // replicas
+    local = per_replica * (replicas // pipelines)
+    return input_context.input_pipeline_id * local, local, per_replica
+
+
+def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=0,
+                  start_step=0, drop_remainder=True, input_context=None):
+    """An endless, shuffled, augmented stream of ``(images, labels)`` batches.
+
+    Args:
+        data: an :class:`ImageDataset`.
+        batch_size: the global batch size.
+        normalization: a :class:`Normalization`.
+        augmentation: ``"none"``, ``"cifar"`` or ``"imagenet"``.
+        seed: seed of the shuffling and augmentation.
+        start_step: global batches already consumed (resuming a run): the
+            stream starts where an uninterrupted run would be.
+        drop_remainder: static batch shapes (TPU, XLA).
+        input_context: a ``tf.distribute.InputContext``; the stream then holds
+            this pipeline's per-replica batches.
+    """
+    if augmentation not in augment_lib.AUGMENTATIONS:
+        raise ValueError(f"augmentation={augmentation!r} is not valid; expected one of: "
+                         f"{', '.join(repr(a) for a in augment_lib.AUGMENTATIONS)}.")
+    first, local, per_replica = _shard(input_context, batch_size)
+    skip = start_step * batch_size
+
+    if data.in_memory:
+        n = data.num_train
+        index = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        batches = index.repeat().skip(skip).batch(batch_size, drop_remainder=True).enumerate()
+        images = tf.constant(data.x_train)
+        labels = tf.constant(data.y_train)
+
+        def load_batch(batch_number, idx):
+            idx = idx[first:first + local]
+            x = normalization(tf.gather(images, idx))
+            if augmentation == "cifar":
+                x = augment_lib.cifar_batch(
+                    x, _seed(seed, (batch_number + start_step) * batch_size),
+                    start=first, total=batch_size)
+            return x, tf.gather(labels, idx)
+
+        ds = batches.map(load_batch, num_parallel_calls=AUTOTUNE)
+        if local != per_replica:
+            ds = ds.rebatch(per_replica)
+        return ds.prefetch(AUTOTUNE).with_options(_options())
+
+    # Files (ImageNet folders) or tfds records, one example at a time.
+    if data.tfds_train is not None:
+        records, n = data.tfds_train
+        stream = records.shuffle(min(n, 20_000), seed=seed).repeat()
+    else:
+        n = data.num_train
+        paths = tf.constant(data.files_train[0])
+        file_labels = tf.constant(data.files_train[1])
+        stream = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        stream = stream.repeat().map(
+            lambda i: (_decode_file(tf.gather(paths, i)), tf.gather(file_labels, i)),
+            num_parallel_calls=AUTOTUNE)
+    stream = stream.skip(skip).enumerate()
+    if local != batch_size:
+        stream = stream.filter(
+            lambda position, _: tf.logical_and(position % batch_size >= first,
+                                               position % batch_size < first + local))
+
+    def load_one(position, example):
+        image, label = example
+        return _augment_one(image, position + skip, augmentation, normalization, seed), label
+
+    ds = stream.map(load_one, num_parallel_calls=AUTOTUNE)
+    ds = ds.batch(per_replica, drop_remainder=drop_remainder)
+    return ds.prefetch(AUTOTUNE).with_options(_options())
+
+
+def _augment_one(image, position, augmentation, normalization, seed):
+    if augmentation == "imagenet":
+        return normalization(augment_lib.imagenet_train(image, _seed(seed, position)))
+    image = normalization(image)
+    if augmentation == "cifar":
+        image = augment_lib.cifar_batch(image[None], _seed(seed, position))[0]
+    return image
+
+
+def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=False,
+                 eval_resize=256, eval_crop=224, input_context=None):
+    """Batches of ``(images, labels)``, or ``(images, labels, weights)`` if padded.
+
+    Args:
+        split: ``"test"`` or ``"val"`` (a validation split of the training set).
+        pad_to_batch: pad the last global batch with zero-weight examples
+            (static shapes on TPU and equal shards for multiple workers).
+        eval_resize, eval_crop: ImageNet evaluation crop (256/224, or 320/320).
+        input_context: a ``tf.distribute.InputContext``: this pipeline's share
+            of every global batch, as per-replica batches.
+    """
+    if split == "val":
+        x, y = data.x_val, data.y_val
+        if x is None:
+            raise ValueError("split='val' needs a dataset with a validation split.")
+    elif data.in_memory:
+        x, y = data.x_test, data.y_test
+    else:
+        x = y = None
+    if x is not None:
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.map(lambda image, label: (normalization(image), label),
+                    num_parallel_calls=AUTOTUNE)
+        count = len(y)
+    else:
+        source = data.tfds_test[0] if data.tfds_test is not None else (
+            tf.data.Dataset.from_tensor_slices(data.files_test).map(
+                lambda path, label: (_decode_file(path), label)))
+        ds = source.map(lambda image, label: (
+            normalization(center_crop(image, eval_resize, eval_crop)), label),
+            num_parallel_calls=AUTOTUNE)
+        count = data.num_test
+    if pad_to_batch:
+        ds = ds.map(lambda image, label: (image, label, tf.constant(1.0)))
+        missing = (-count) % batch_size
+        if missing:
+            filler = ds.take(1).map(lambda image, label, w: (image, label, tf.constant(0.0)))
+            ds = ds.concatenate(filler.repeat(missing))
+    ds = ds.batch(batch_size, drop_remainder=pad_to_batch)
+    if input_context is not None and input_context.num_replicas_in_sync > 1:
+        first, local, per_replica = _shard(input_context, batch_size)
+        ds = ds.map(lambda *batch: tuple(t[first:first + local] for t in batch))
+        ds = ds.rebatch(per_replica)
+    return ds.prefetch(AUTOTUNE).with_options(_options())
+
+
+def distribute(strategy, make_dataset):
+    """``strategy.distribute_datasets_from_function`` for a pipeline builder.
+
+    ``make_dataset(input_context)`` returns one pipeline's per-replica
+    batches (``train_dataset``/``eval_dataset`` with ``input_context``).
+    """
+    return strategy.distribute_datasets_from_function(make_dataset)

@@ -1,0 +1,18 @@
+"""Training: recipes, schedules, the optimizer, strategies and the loop."""
+
+from keras_identity.training.callbacks import TrainingDiverged
+from keras_identity.training.checkpoints import Checkpointer
+from keras_identity.training.optimizers import MomentumSGD
+from keras_identity.training.plots import plot_history
+from keras_identity.training.plots import plot_runs
+from keras_identity.training.recipes import RECIPES
+from keras_identity.training.recipes import get_recipe
+from keras_identity.training.recipes import resolve
+from keras_identity.training.schedules import ExponentialDecay
+from keras_identity.training.schedules import WarmupStepDecay
+from keras_identity.training.strategies import get_strategy
+from keras_identity.training.trainer import ConfigError
+from keras_identity.training.trainer import TrainConfig
+from keras_identity.training.trainer import build_model
+from keras_identity.training.trainer import prepare
+from keras_identity.training.trainer import train

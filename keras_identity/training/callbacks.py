@@ -1,0 +1,134 @@
+"""Callbacks of the training loop."""
+
+import math
+import time
+
+import keras
+
+from keras_identity.training import plots
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+    def __init__(self, step, epoch, loss):
+        self.step, self.epoch, self.loss = step, epoch, loss
+        super().__init__(f"the training loss became {loss} at step {step} (epoch {epoch}); "
+                         f"lower --learning_rate, or check the data and --precision")
+
+
+class StopOnNaN(keras.callbacks.Callback):
+    """Stops training with :class:`TrainingDiverged`, naming the step."""
+
+    def __init__(self):
+        super().__init__()
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            step = int(self.model.optimizer.iterations.numpy())
+            raise TrainingDiverged(step, self._epoch, float(loss))
+
+
+class StopAtStep(keras.callbacks.Callback):
+    """Ends training after exactly ``total_steps`` optimizer steps."""
+
+    def __init__(self, total_steps):
+        super().__init__()
+        self.total_steps = int(total_steps)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) >= self.total_steps:
+            self.model.stop_training = True
+
+
+def current_learning_rate(optimizer, step):
+    """The rate the optimizer used for step ``step`` (1-based)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
+    rate = optimizer.learning_rate
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        rate = schedule(max(step - 1, 0))
+    return float(keras.ops.convert_to_numpy(rate))
+
+
+class RunRecorder(keras.callbacks.Callback):
+    """At every epoch end: one summary line, the history row, a checkpoint,
+    ``history.csv``/``history.json`` and the training-curve PNG.
+
+    Rows hold the epoch, the global step, the learning rate, the training
+    loss and error (running means over the epoch, with augmentation), the
+    test loss and error, and the training throughput in images/s.
+    """
+
+    def __init__(self, *, checkpointer, history, global_batch, total_steps, writer=None,
+                 title="", print_fn=print):
+        super().__init__()
+        self.checkpointer = checkpointer
+        self.history = list(history)
+        self.global_batch = int(global_batch)
+        self.total_steps = int(total_steps)
+        self.writer = writer
+        self.title = title
+        self.print_fn = print_fn
+        self._train_end = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.time()
+        self._train_end = None
+        self._first_step = int(self.model.optimizer.iterations.numpy())
+
+    def on_test_begin(self, logs=None):
+        if self._train_end is None:  # validation starts: the epoch's training ended
+            self._train_end = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        now = time.time()
+        train_time = (self._train_end or now) - self._epoch_start
+        step = int(self.model.optimizer.iterations.numpy())
+        images = (step - self._first_step) * self.global_batch
+        wall = self.history[-1]["wall_time"] if self.history else 0.0
+        row = {
+            "epoch": epoch + 1,
+            "step": step,
+            "learning_rate": current_learning_rate(self.model.optimizer, step),
+            "loss": float(logs.get("loss", float("nan"))),
+            "train_error": 1.0 - float(logs.get("accuracy", float("nan"))),
+            "test_loss": float(logs.get("val_loss", float("nan"))),
+            "test_error": 1.0 - float(logs.get("val_accuracy", float("nan"))),
+            "images_per_sec": images / max(train_time, 1e-9),
+            "epoch_time": now - self._epoch_start,
+            "wall_time": wall + (now - self._epoch_start),
+        }
+        self.history.append(row)
+        self.print_fn(
+            f"epoch {row['epoch']} step {step}/{self.total_steps}: loss {row['loss']:.4f}, "
+            f"train error {100 * row['train_error']:.2f}%, test loss {row['test_loss']:.4f}, "
+            f"test error {100 * row['test_error']:.2f}%, lr {row['learning_rate']:.4g}, "
+            f"{row['images_per_sec']:.0f} img/s, {row['epoch_time']:.1f}s")
+        self.checkpointer.save(self.model, step=step, epoch=epoch + 1, history=self.history)
+        if self.writer is not None:
+            self.writer(self.history)
+
+
+def history_writer(model_dir, title):
+    """Writes history.csv, history.json and curves.png into ``model_dir``."""
+    import csv
+    import json
+    import os
+
+    def write(history):
+        with open(os.path.join(model_dir, "history.json"), "w") as f:
+            json.dump(history, f, indent=1)
+        with open(os.path.join(model_dir, "history.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(history[0]))
+            writer.writeheader()
+            writer.writerows(history)
+        plots.plot_history(history, os.path.join(model_dir, "curves.png"), title=title)
+
+    return write

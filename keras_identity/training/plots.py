@@ -1,0 +1,63 @@
+"""Training curves drawn as in the papers' Figs. 1, 3 and 6: training loss
+dashed (left axis), test error solid (right axis), against iterations."""
+
+import json
+import os
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw(ax_loss, ax_error, history, color, label):
+    steps = [row["step"] for row in history]
+    ax_loss.plot(steps, [row["loss"] for row in history], "--", color=color, linewidth=1.2)
+    ax_error.plot(steps, [100 * row["test_error"] for row in history], "-", color=color,
+                  linewidth=1.8, label=label)
+
+
+def _finish(fig, ax_loss, ax_error, path, title):
+    ax_loss.set_xlabel("iterations")
+    ax_loss.set_ylabel("training loss (dashed)")
+    ax_error.set_ylabel("test error % (solid)")
+    ax_loss.grid(alpha=0.3)
+    if title:
+        ax_loss.set_title(title)
+    if ax_error.get_legend_handles_labels()[0]:
+        ax_error.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
+def plot_history(history, path, title=""):
+    """One run's curves to ``path`` (PNG)."""
+    fig, ax_loss = _pyplot().subplots(figsize=(7, 4.2))
+    ax_error = ax_loss.twinx()
+    _draw(ax_loss, ax_error, history, "tab:blue", None)
+    _finish(fig, ax_loss, ax_error, path, title)
+
+
+def load_history(run_dir):
+    with open(os.path.join(run_dir, "history.json")) as f:
+        return json.load(f)
+
+
+def plot_runs(run_dirs, path, labels=None, title=""):
+    """Several runs on one plot (e.g. original vs pre-activation ResNet-1001)."""
+    labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
+                         f"({len(run_dirs)}).")
+    plt = _pyplot()
+    fig, ax_loss = plt.subplots(figsize=(7, 4.2))
+    ax_error = ax_loss.twinx()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (run_dir, label) in enumerate(zip(run_dirs, labels)):
+        _draw(ax_loss, ax_error, load_history(run_dir), colors[index % len(colors)], label)
+    _finish(fig, ax_loss, ax_error, path, title)

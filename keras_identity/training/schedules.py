@@ -1,0 +1,65 @@
+"""Learning-rate schedules of the papers' recipes."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_identity")
+class WarmupStepDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Constant warm-up, then a base rate divided at fixed iterations.
+
+    ``lr(step) = warmup_rate`` for ``step < warmup_steps``; afterwards
+    ``base_rate * factor ** k`` where k counts the ``boundaries`` passed
+    (CIFAR: 0.01 for 400 iterations, then 0.1, /10 at 32k and 48k).
+    With ``warmup="linear"`` the rate instead ramps linearly from
+    ``warmup_rate`` to ``base_rate`` (large-batch ImageNet, Goyal et al.).
+    """
+
+    def __init__(self, base_rate, boundaries, factor=0.1, warmup_steps=0, warmup_rate=None,
+                 warmup="constant"):
+        self.base_rate = float(base_rate)
+        self.boundaries = [int(b) for b in boundaries]
+        self.factor = float(factor)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_rate = self.base_rate if warmup_rate is None else float(warmup_rate)
+        if warmup not in ("constant", "linear"):
+            raise ValueError(f"warmup={warmup!r} is not valid; expected 'constant' or "
+                             f"'linear'.")
+        self.warmup = warmup
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        passed = sum(ops.cast(step >= b, "float32") for b in self.boundaries) \
+            if self.boundaries else ops.zeros(())
+        rate = self.base_rate * ops.power(self.factor, passed)
+        if self.warmup_steps:
+            if self.warmup == "linear":
+                fraction = ops.minimum(step / float(self.warmup_steps), 1.0)
+                warm = self.warmup_rate + (self.base_rate - self.warmup_rate) * fraction
+            else:
+                warm = ops.full((), self.warmup_rate)
+            rate = ops.where(step < self.warmup_steps, warm, rate)
+        return rate
+
+    def get_config(self):
+        return dict(base_rate=self.base_rate, boundaries=self.boundaries, factor=self.factor,
+                    warmup_steps=self.warmup_steps, warmup_rate=self.warmup_rate,
+                    warmup=self.warmup)
+
+
+@keras.saving.register_keras_serializable(package="keras_identity")
+class ExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """``lr(step) = base_rate * decay ** (step / decay_steps)`` (Highway paper,
+    Sec. 3.1: "an exponentially decaying learning rate")."""
+
+    def __init__(self, base_rate, decay, decay_steps):
+        self.base_rate = float(base_rate)
+        self.decay = float(decay)
+        self.decay_steps = max(1, int(decay_steps))
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        return self.base_rate * ops.power(self.decay, step / float(self.decay_steps))
+
+    def get_config(self):
+        return dict(base_rate=self.base_rate, decay=self.decay, decay_steps=self.decay_steps)

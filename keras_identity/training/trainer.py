@@ -1,0 +1,392 @@
+"""One training loop for every model, strategy and precision.
+
+:func:`train` is what ``python -m experiments.train`` runs; the pieces
+(:func:`build_model`, :func:`compile_model`, ...) are public so that the
+tuner and notebooks share them.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import keras
+import tensorflow as tf
+
+from keras_identity import models as models_lib
+from keras_identity.data import datasets as datasets_lib
+from keras_identity.data import normalization as normalization_lib
+from keras_identity.data import pipeline
+from keras_identity.training import callbacks as callbacks_lib
+from keras_identity.training import checkpoints
+from keras_identity.training import multi_worker
+from keras_identity.training import recipes as recipes_lib
+from keras_identity.training import strategies
+from keras_identity.training.optimizers import MomentumSGD
+
+BUILDERS = {"resnet": models_lib.resnet, "preact_resnet": models_lib.preact_resnet,
+            "highway_net": models_lib.highway_net, "plain_net": models_lib.plain_net}
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+DEFAULT_DEPTHS = {
+    "resnet": {"cifar10": 110, "cifar100": 110, "imagenet": 50, "mnist": 52},
+    "preact_resnet": {"cifar10": 164, "cifar100": 164, "imagenet": 200, "mnist": 52},
+    "highway_net": {"cifar10": 19, "cifar100": 19, "mnist": 50},
+    "plain_net": {"cifar10": 19, "cifar100": 19, "mnist": 50},
+}
+class ConfigError(ValueError):
+    """The configuration or the data cannot work; the message says why (one line)."""
+
+
+# Flags that must match for a run to resume from a model_dir's checkpoint.
+_RESUME_KEYS = ("model", "depth", "unit", "shortcut", "block", "gate_bias_init", "dataset",
+                "recipe", "batch_size", "precision", "seed")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a run depends on (the CLI's flags)."""
+
+    model: str = "highway_net"
+    depth: int = None
+    unit: str = None
+    shortcut: str = None
+    block: str = None
+    gate_bias_init: float = None
+    stochastic_depth_rate: float = 0.0
+    dataset: str = "mnist"
+    data_dir: str = None
+    recipe: str = None
+    batch_size: int = None
+    epochs: int = None
+    train_steps: int = None
+    steps_per_epoch: int = None
+    learning_rate: float = None
+    momentum: float = None
+    weight_decay: float = None
+    warmup_steps: int = None
+    normalization: str = None
+    augmentation: str = None
+    strategy: str = "auto"
+    tpu: str = ""
+    precision: str = "float32"
+    jit_compile: bool = False
+    seed: int = 0
+    deterministic: bool = False
+    model_dir: str = "runs/default"
+    keep_checkpoints: int = 2
+    train_examples: int = None
+    test_examples: int = None
+    eval_crop: int = 224
+    verbose: object = 1
+
+    def validate(self):
+        """Checks the flags' values and combinations; raises :class:`ConfigError`."""
+        try:
+            self._check()
+        except ConfigError:
+            raise
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return self
+
+    def _check(self):
+        if self.model not in BUILDERS and self.model not in models_lib.list_models():
+            raise ValueError(f"model={self.model!r} is not valid; expected one of: "
+                             f"{', '.join(BUILDERS)}, or a named configuration "
+                             f"(ki.models.list_models(), e.g. preact_resnet164).")
+        if self.dataset not in datasets_lib.DATASETS:
+            raise ValueError(f"dataset={self.dataset!r} is not valid; expected one of: "
+                             f"{', '.join(repr(d) for d in datasets_lib.DATASETS)}.")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} is not valid; expected one of: "
+                             f"{', '.join(repr(p) for p in PRECISIONS)}.")
+        if self.strategy not in strategies.STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} is not valid; expected one of: "
+                             f"{', '.join(repr(s) for s in strategies.STRATEGIES)}.")
+        if self.recipe is not None:
+            recipes_lib.get_recipe(self.recipe)
+        for name in ("batch_size", "epochs", "train_steps", "steps_per_epoch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value!r} is not valid; expected an integer >= 1.")
+        if self.jit_compile and self.deterministic:
+            raise ValueError("jit_compile and deterministic are exclusive: Keras runs "
+                             "without XLA when TensorFlow op determinism is enabled.")
+        if self.epochs is not None and self.train_steps is not None:
+            raise ValueError("epochs and train_steps are exclusive; give one of them.")
+        family = self.family
+        resnet_only = ("unit", "shortcut", "block")
+        if family in ("highway_net", "plain_net"):
+            for name in resnet_only:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} applies to resnet and "
+                                     f"preact_resnet models, not to {self.model!r}.")
+            if family == "plain_net" and self.gate_bias_init is not None:
+                raise ValueError("gate_bias_init applies to gated ResNets and highway nets, "
+                                 "not to plain_net.")
+            if self.dataset == "imagenet":
+                raise ValueError(f"dataset='imagenet' is not valid for {self.model!r}; "
+                                 f"expected 'mnist', 'cifar10' or 'cifar100'.")
+        if family == "preact_resnet" and self.unit not in (None, "full_preactivation"):
+            raise ValueError(f"unit={self.unit!r} is not valid for preact_resnet; use "
+                             f"--model=resnet --unit={self.unit}.")
+        depth = self.resolved_depth
+        if depth is not None and family in ("resnet", "preact_resnet"):
+            models_lib.resolve_depth(depth, self.dataset, self.block)
+        elif depth is not None:
+            minimum = 7 if self.dataset != "mnist" else 1
+            if isinstance(depth, bool) or not isinstance(depth, int) or depth < minimum:
+                raise ValueError(f"depth={depth!r} is not valid for {self.model!r} on "
+                                 f"{self.dataset}; expected an integer >= {minimum}.")
+
+    @property
+    def family(self):
+        if self.model in BUILDERS:
+            return self.model
+        for family in ("preact_resnet", "resnet", "highway", "plain"):
+            if self.model.startswith(family):
+                return {"highway": "highway_net", "plain": "plain_net"}.get(family, family)
+        return "resnet"
+
+    @property
+    def resolved_depth(self):
+        if self.depth is not None or self.model not in BUILDERS:
+            return self.depth
+        return DEFAULT_DEPTHS[self.model].get(self.dataset)
+
+    @property
+    def resolved_recipe(self):
+        return self.recipe or recipes_lib.default_recipe(self.family, self.dataset)
+
+
+def build_model(config, data, seed=None):
+    """Builds ``config.model`` for ``data`` (its image shape and classes)."""
+    kwargs = dict(num_classes=data.num_classes, input_shape=tuple(data.image_shape))
+    family = config.family
+    if family in ("resnet", "preact_resnet"):
+        for name in ("unit", "shortcut", "block", "gate_bias_init"):
+            if getattr(config, name) is not None:
+                kwargs[name] = getattr(config, name)
+        if config.stochastic_depth_rate:
+            kwargs["stochastic_depth_rate"] = config.stochastic_depth_rate
+        kwargs["seed"] = seed
+    elif family == "highway_net" and config.gate_bias_init is not None:
+        kwargs["transform_bias_init"] = config.gate_bias_init
+    if config.model in BUILDERS:
+        return BUILDERS[config.model](config.resolved_depth, dataset=config.dataset, **kwargs)
+    if config.depth is not None:
+        kwargs["depth"] = config.depth
+    return models_lib.get_model(config.model, dataset=config.dataset, **kwargs)
+
+
+def make_optimizer(recipe, schedule, config):
+    momentum = recipe.momentum if config.momentum is None else config.momentum
+    decay = recipe.weight_decay if config.weight_decay is None else config.weight_decay
+    return MomentumSGD(recipes_lib.make_learning_rate(recipe, schedule), momentum=momentum,
+                       nesterov=recipe.nesterov, coupled_weight_decay=decay)
+
+
+def compile_model(model, optimizer, jit_compile=False):
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                  jit_compile=bool(jit_compile))
+    return model
+
+
+def load_data(config):
+    data = datasets_lib.load_dataset(config.dataset, config.data_dir)
+    if config.train_examples or config.test_examples:
+        data = data.subset(config.train_examples, config.test_examples, seed=config.seed)
+    return data
+
+
+def make_normalization(mode, data):
+    if mode == "per_channel" and data.name == "imagenet":
+        return normalization_lib.Normalization.imagenet()
+    if data.in_memory:
+        return normalization_lib.Normalization.from_images(mode, data.x_train)
+    return normalization_lib.Normalization(mode)
+
+
+def _same_run_or_raise(path, config):
+    with open(path) as f:
+        saved = json.load(f)
+    current = dataclasses.asdict(config)
+    diffs = [f"{key}: {saved.get(key)!r} != {current.get(key)!r}" for key in _RESUME_KEYS
+             if saved.get(key) != current.get(key)]
+    if diffs:
+        raise ValueError(f"model_dir={config.model_dir!r} holds a run started with other "
+                         f"flags ({'; '.join(diffs)}); use a new --model_dir.")
+
+
+def set_op_determinism(enabled):
+    """Turns TensorFlow op determinism on or off (it is process-wide, and the
+    public API can only turn it on)."""
+    if enabled:
+        tf.config.experimental.enable_op_determinism()
+        return
+    from tensorflow.python.framework import config as tf_config
+
+    if tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()
+
+
+def _setup_precision_and_seed(config):
+    keras.config.set_dtype_policy(config.precision)
+    keras.utils.set_random_seed(config.seed)
+    set_op_determinism(config.deterministic)
+
+
+@dataclasses.dataclass
+class Run:
+    """A configuration resolved against a machine and a dataset."""
+
+    config: TrainConfig
+    strategy: object
+    chief: bool
+    work_dir: str
+    data: object
+    recipe: object
+    schedule: object
+    normalization: object
+    augmentation: str
+    checkpointer: object
+    state: dict
+
+
+def prepare(config):
+    """Validates ``config``, picks the strategy, loads the data and resolves the
+    recipe.  Every problem found here raises :class:`ConfigError`."""
+    try:
+        config.validate()
+        _setup_precision_and_seed(config)
+        strategy = strategies.get_strategy(config.strategy, config.tpu)
+        chief = strategies.is_chief(strategy)
+        work_dir = config.model_dir if chief else os.path.join(
+            config.model_dir, f".worker{strategy.cluster_resolver.task_id}")
+        data = load_data(config)
+        recipe = recipes_lib.get_recipe(config.resolved_recipe)
+        schedule = recipes_lib.resolve(
+            recipe, num_train=data.num_train, batch_size=config.batch_size,
+            depth=config.resolved_depth, learning_rate=config.learning_rate,
+            epochs=config.epochs, train_steps=config.train_steps,
+            steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
+        if schedule.batch_size % strategy.num_replicas_in_sync:
+            raise ValueError(f"batch_size={schedule.batch_size} is not valid with "
+                             f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
+        normalization = make_normalization(config.normalization or recipe.normalization, data)
+        checkpointer = checkpoints.Checkpointer(
+            os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints)
+        state = checkpointer.latest()
+        config_path = os.path.join(config.model_dir, "config.json")
+        if state is not None and os.path.exists(config_path):
+            _same_run_or_raise(config_path, config)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    os.makedirs(work_dir, exist_ok=True)
+    return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
+               recipe=recipe, schedule=schedule, normalization=normalization,
+               augmentation=config.augmentation or recipe.augmentation,
+               checkpointer=checkpointer, state=state)
+
+
+def train(config, print_fn=print):
+    """Trains ``config.model``; returns a dict with the final metrics and paths.
+
+    Raises:
+        ConfigError: bad configuration or missing data (one-line message).
+        TrainingDiverged: the loss became NaN/inf (names the step).
+    """
+    started = time.time()
+    run = prepare(config)
+    strategy, data, recipe, schedule = run.strategy, run.data, run.recipe, run.schedule
+    chief, work_dir, checkpointer = run.chief, run.work_dir, run.checkpointer
+    normalization, augmentation, model_dir = run.normalization, run.augmentation, config.model_dir
+    if chief:
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(config), f, indent=1)
+        normalization_lib.save_preprocessing(
+            os.path.join(model_dir, "preprocessing.json"), dataset=config.dataset,
+            normalization=normalization, image_shape=data.image_shape,
+            class_names=data.class_names,
+            eval_resize={224: 256, 320: 320}.get(config.eval_crop)
+            if config.dataset == "imagenet" else None)
+
+    with strategy.scope():
+        try:
+            model = build_model(config, data, seed=config.seed)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        compile_model(model, make_optimizer(recipe, schedule, config), config.jit_compile)
+        state = checkpointer.restore(model) if run.state is not None else None
+    start_step = state["step"] if state else 0
+    history = state["history"] if state else []
+    params = sum(int(w.numpy().size) for w in model.trainable_weights)
+    print_fn(f"model {model.name}: {params:,} trainable parameters; data {data.name} from "
+             f"{data.source} ({data.num_train:,} train / {data.num_test:,} test images)")
+    print_fn(f"recipe {recipe.name}: global batch {schedule.batch_size}, lr "
+             f"{schedule.learning_rate:g}, {schedule.total_steps:,} steps "
+             f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), lr drops at "
+             f"{list(schedule.boundaries)}, warm-up {schedule.warmup_steps}; "
+             f"{strategies.describe(strategy)}, {config.precision}"
+             f"{', XLA' if config.jit_compile else ''}")
+    if state:
+        print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
+                 f"in {checkpointer.directory}")
+
+    tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    eval_resize = {224: 256, 320: 320}.get(config.eval_crop, 256)
+
+    def make_train(input_context=None):
+        return pipeline.train_dataset(
+            data, batch_size=schedule.batch_size, normalization=normalization,
+            augmentation=augmentation, seed=config.seed, start_step=start_step,
+            input_context=input_context)
+
+    def make_eval(input_context=None):
+        return pipeline.eval_dataset(
+            data, batch_size=schedule.batch_size, normalization=normalization,
+            pad_to_batch=tpu or strategy.num_replicas_in_sync > 1, eval_resize=eval_resize,
+            eval_crop=config.eval_crop, input_context=input_context)
+
+    train_ds = pipeline.distribute(strategy, make_train)
+    eval_ds = pipeline.distribute(strategy, make_eval)
+    multi_worker.prepare(model, make_train(), strategy)
+
+    title = f"{model.name} on {data.name} ({recipe.name} recipe)"
+    recorder = callbacks_lib.RunRecorder(
+        checkpointer=checkpointer if chief else checkpoints.Checkpointer(
+            os.path.join(work_dir, "checkpoints"), keep=1),
+        history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
+        writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
+        title=title, print_fn=print_fn if chief else (lambda *_: None))
+    callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(schedule.total_steps),
+                 recorder,
+                 keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"),
+                                             update_freq="epoch")]
+    if start_step < schedule.total_steps:
+        model.fit(train_ds, epochs=schedule.epochs,
+                  initial_epoch=start_step // schedule.steps_per_epoch,
+                  steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
+                  callbacks=callbacks, verbose=config.verbose if chief else 0)
+    else:
+        print_fn(f"the run is already complete ({start_step} steps)")
+    history = recorder.history
+    model_path = os.path.join(work_dir, "model.keras")
+    model.save(model_path)
+    result = {"model_dir": model_dir, "model_path": model_path,
+              "steps": int(model.optimizer.iterations.numpy()),
+              "test_error": history[-1]["test_error"] if history else None,
+              "loss": history[-1]["loss"] if history else None, "history": history,
+              "seconds": time.time() - started, "params": params,
+              "jit_compile": bool(model.jit_compile)}
+    if chief:
+        minutes, seconds = divmod(int(result["seconds"]), 60)
+        error = result["test_error"]
+        print_fn(f"done: test error {100 * error:.2f}% after {result['steps']:,} steps, "
+                 f"{minutes}m{seconds:02d}s; model saved to {model_path}"
+                 if error is not None else f"done; model saved to {model_path}")
+    return result

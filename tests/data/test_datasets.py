@@ -1,0 +1,139 @@
+import io
+import os
+import sys
+import tarfile
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_identity.data import DataError
+from keras_identity.data import load_dataset
+
+
+def _png(value, size=(6, 6), channels=3):
+    image = np.full(size + (channels,), value, np.uint8)
+    return tf.io.encode_png(image).numpy()
+
+
+def _write_tree(root, classes=("cat", "dog"), per_class=3, test_name="test"):
+    for split in ("train", test_name):
+        for c, name in enumerate(classes):
+            folder = os.path.join(root, split, name)
+            os.makedirs(folder, exist_ok=True)
+            for i in range(per_class):
+                with open(os.path.join(folder, f"{i:04d}.png"), "wb") as f:
+                    f.write(_png(10 * c + i))
+
+
+def test_builtin_mnist_needs_no_network():
+    data = load_dataset("mnist")
+    assert data.x_train.shape == (60000, 28, 28, 1) and data.x_train.dtype == np.uint8
+    assert data.x_test.shape == (10000, 28, 28, 1)
+    assert data.num_classes == 10 and set(np.unique(data.y_train)) == set(range(10))
+    assert "built-in" in data.source
+
+
+def test_npz_file(tmp_path):
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=np.zeros((5, 4, 4), np.uint8), y_train=np.arange(5),
+             x_test=np.ones((2, 4, 4), np.uint8), y_test=np.array([1, 2]))
+    data = load_dataset("mnist", str(path))
+    assert data.x_train.shape == (5, 4, 4, 1) and data.y_test.tolist() == [1, 2]
+
+
+def test_image_folder_and_archive_agree(tmp_path):
+    root = tmp_path / "cifar10"
+    _write_tree(str(root), test_name="val")
+    from_folder = load_dataset("cifar10", str(root))
+    archive = tmp_path / "cifar10-png.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(str(root), arcname="cifar10")
+    from_archive = load_dataset("cifar10", str(archive))
+    for data in (from_folder, from_archive):
+        assert data.class_names == ["cat", "dog"]
+        assert data.x_train.shape == (6, 6, 6, 3) and data.x_test.shape == (6, 6, 6, 3)
+        assert sorted(data.y_train.tolist()) == [0, 0, 0, 1, 1, 1]
+    order = np.argsort(from_folder.y_train, kind="stable")
+    order_b = np.argsort(from_archive.y_train, kind="stable")
+    np.testing.assert_array_equal(np.sort(from_folder.x_train[order], axis=0),
+                                  np.sort(from_archive.x_train[order_b], axis=0))
+    # The parent folder finds the archive/folder by the dataset's name.
+    assert load_dataset("cifar10", str(tmp_path)).num_train == 6
+
+
+def test_shared_cifar10_archive(shared_dir):
+    data = load_dataset("cifar10", os.path.join(shared_dir, "data"))
+    assert data.x_train.shape == (50000, 32, 32, 3) and data.x_test.shape == (10000, 32, 32, 3)
+    assert data.class_names[:2] == ["airplane", "automobile"]
+    assert np.bincount(data.y_train).tolist() == [5000] * 10
+
+
+def test_validation_split_is_stratified_and_drops_the_test_set():
+    data = load_dataset("mnist").subset(num_train=2000, seed=1)
+    split = data.with_validation_split(0.1, seed=0)
+    assert len(split.x_val) + len(split.x_train) == 2000
+    assert split.x_test is None and split.y_test is None
+    counts = np.bincount(split.y_val, minlength=10) / np.bincount(data.y_train, minlength=10)
+    assert np.all(np.abs(counts - 0.1) < 0.03)
+    with pytest.raises(ValueError, match="validation_split=1.5"):
+        data.with_validation_split(1.5)
+
+
+def test_tfds_adapter_with_a_fake_tfds(monkeypatch):
+    class Builder:
+        def __init__(self, name, data_dir=None):
+            self.info = types.SimpleNamespace(features={"label": types.SimpleNamespace(
+                names=["a", "b"])})
+
+        def download_and_prepare(self):
+            pass
+
+        def as_dataset(self, split, as_supervised, batch_size):
+            n = 4 if split == "train" else 2
+            return (np.zeros((n, 32, 32, 3), np.uint8), np.arange(n) % 2)
+
+    fake = types.ModuleType("tensorflow_datasets")
+    fake.builder = Builder
+    fake.as_numpy = lambda x: x
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+    data = load_dataset("cifar10")
+    assert data.source == "tfds:cifar10" and data.x_train.shape == (4, 32, 32, 3)
+    assert data.class_names == ["a", "b"]
+
+    class Offline(Builder):
+        def download_and_prepare(self):
+            raise ConnectionError("no route to host")
+
+    fake.builder = Offline
+    with pytest.raises(DataError, match=r"could not load cifar10.*--data_dir"):
+        load_dataset("cifar10")
+
+
+@pytest.mark.parametrize("name, path, words", [
+    ("svhn", None, ["dataset='svhn'", "'cifar10'"]),
+    ("cifar10", "/no/such/dir", ["data_dir='/no/such/dir' does not exist"]),
+])
+def test_bad_sources(name, path, words):
+    with pytest.raises(ValueError) as error:
+        load_dataset(name, path)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_folder_without_the_dataset(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match="holds no cifar100 data"):
+        load_dataset("cifar100", str(tmp_path))
+    bad = tmp_path / "x.zip"
+    bad.write_bytes(b"PK")
+    with pytest.raises(DataError, match="unknown file type"):
+        load_dataset("cifar10", str(bad))
+
+
+def test_unreadable_archive(tmp_path):
+    path = tmp_path / "cifar10.tar.gz"
+    path.write_bytes(io.BytesIO(b"not a tar").getvalue())
+    with pytest.raises(DataError, match="cannot read the archive"):
+        load_dataset("cifar10", str(path))

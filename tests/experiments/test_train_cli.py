@@ -1,0 +1,78 @@
+"""The command-line programs, run as a user runs them."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def run_cli(module, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model=resnet9"], ["model='resnet9'"]),
+    (["--model=preact_resnet", "--depth=1000", "--dataset=cifar10"], ["depth=1000", "9n+2"]),
+    (["--strategy=gpu"], ["--strategy=gpu", "auto|default"]),
+    (["--model=resnet", "--depth=20", "--dataset=cifar10", "--data_dir=/no/such/dir"],
+     ["data_dir='/no/such/dir' does not exist"]),
+    (["--epochs=0"], ["epochs=0"]),
+    (["--no_such_flag=1"], ["no_such_flag"]),
+    (["positional"], ["unexpected arguments"]),
+])
+def test_bad_flags_exit_non_zero_with_one_line(args, words, tmp_path):
+    result = run_cli("experiments.train", *args, f"--model_dir={tmp_path}")
+    assert result.returncode == 2
+    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    for word in words:
+        assert word in lines[0]
+
+
+def test_killed_run_resumes_from_its_checkpoint(tmp_path):
+    args = ["-m", "experiments.train", "--model=highway_net", "--depth=30",
+            "--train_examples=20000", "--test_examples=500", "--batch_size=256",
+            "--steps_per_epoch=10", "--epochs=12", "--verbose=0", "--seed=2",
+            f"--model_dir={tmp_path}"]
+    process = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    state = tmp_path / "checkpoints" / "state.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if state.exists() and json.loads(state.read_text())["epoch"] >= 2:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = json.loads(state.read_text())["epoch"]
+    assert 2 <= killed_at < 12
+    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resuming from the checkpoint at step" in result.stdout
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert [row["epoch"] for row in history] == list(range(1, 13))
+    assert history[-1]["step"] == 120
+    assert "done: test error" in result.stdout
+
+
+def test_plot_runs(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        rows = [{"step": s, "loss": 1.0 / s, "test_error": 0.5 / s} for s in (1, 2, 3)]
+        (tmp_path / name / "history.json").write_text(json.dumps(rows))
+    out = tmp_path / "both.png"
+    result = run_cli("experiments.plot_runs", f"--run_dirs={tmp_path / 'a'},{tmp_path / 'b'}",
+                     "--labels=one,two", f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 5000
+    bad = run_cli("experiments.plot_runs", f"--run_dirs={tmp_path}")
+    assert bad.returncode == 2 and "has no history.json" in bad.stderr

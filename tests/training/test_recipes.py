@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from keras_identity.training import get_recipe
+from keras_identity.training import recipes
+from keras_identity.training import resolve
+
+
+def lr_at(recipe, schedule, steps):
+    rate = recipes.make_learning_rate(recipe, schedule)
+    return [float(rate(s)) for s in steps]
+
+
+def test_cifar_recipe_at_the_papers_boundaries():
+    recipe = get_recipe("cifar")
+    s = resolve(recipe, num_train=50_000, depth=110)
+    assert (s.batch_size, s.total_steps, s.boundaries) == (128, 64_000, (32_000, 48_000))
+    assert s.steps_per_epoch == 390 and s.epochs == 165
+    got = lr_at(recipe, s, [0, 399, 400, 31_999, 32_000, 47_999, 48_000, 63_999])
+    np.testing.assert_allclose(got, [0.01, 0.01, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001],
+                               rtol=1e-6)
+
+
+def test_warmup_only_for_resnet110_and_1001():
+    recipe = get_recipe("cifar")
+    assert resolve(recipe, num_train=50_000, depth=164).warmup_steps == 0
+    assert resolve(recipe, num_train=50_000, depth=1001).warmup_steps == 400
+    assert resolve(recipe, num_train=50_000, depth=110, warmup_steps=0).warmup_steps == 0
+
+
+def test_linear_scaling_with_the_global_batch():
+    recipe = get_recipe("cifar")
+    s = resolve(recipe, num_train=50_000, depth=1001, batch_size=64)  # the paper's ResNet-1001
+    assert s.learning_rate == pytest.approx(0.05) and s.total_steps == 128_000
+    assert s.boundaries == (64_000, 96_000) and s.warmup_steps == 800
+    big = resolve(recipe, num_train=50_000, depth=110, batch_size=1024)
+    assert big.learning_rate == pytest.approx(0.8) and big.total_steps == 8_000
+    assert big.boundaries == (4_000, 6_000) and big.warmup_steps == 50
+    np.testing.assert_allclose(lr_at(recipe, big, [0, 49, 50]), [0.08, 0.08, 0.8], rtol=1e-6)
+    explicit = resolve(recipe, num_train=50_000, batch_size=1024, learning_rate=0.3)
+    assert explicit.learning_rate == 0.3
+
+
+def test_epochs_shorten_the_whole_schedule():
+    recipe = get_recipe("cifar")
+    s = resolve(recipe, num_train=50_000, epochs=10)
+    assert s.total_steps == 3_900 and s.boundaries == (1_950, 2_925)
+
+
+def test_imagenet_recipe():
+    recipe = get_recipe("imagenet")
+    s = resolve(recipe, num_train=1_281_167)
+    assert s.steps_per_epoch == 5_004 and s.total_steps == 90 * 5_004
+    assert s.boundaries == tuple(round(e * 5_004) for e in (30, 60, 80))
+    assert s.warmup_steps == 0
+    large = resolve(recipe, num_train=1_281_167, batch_size=1024)
+    assert large.learning_rate == pytest.approx(0.4) and large.warmup == "linear"
+    assert large.warmup_steps == 5 * large.steps_per_epoch
+    half = lr_at(recipe, large, [large.warmup_steps // 2])[0]
+    assert 0.1 < half < 0.4
+
+
+def test_highway_mnist_exponential_decay():
+    recipe = get_recipe("highway_mnist")
+    s = resolve(recipe, num_train=60_000)
+    np.testing.assert_allclose(lr_at(recipe, s, [0, 468, 2 * 468]), [0.1, 0.09, 0.081],
+                               rtol=1e-5)
+
+
+def test_default_recipes_and_bad_names():
+    assert recipes.default_recipe("preact_resnet", "cifar10") == "cifar"
+    assert recipes.default_recipe("highway_net", "cifar100") == "highway_cifar"
+    assert recipes.default_recipe("resnet", "mnist") == "highway_mnist"
+    assert recipes.default_recipe("resnet", "imagenet") == "imagenet"
+    with pytest.raises(ValueError, match="recipe='sgdr'"):
+        get_recipe("sgdr")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        resolve(get_recipe("cifar"), num_train=10, batch_size=0)

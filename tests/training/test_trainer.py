@@ -1,0 +1,145 @@
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_identity as ki
+from keras_identity.data import Normalization
+from keras_identity.training import ConfigError
+from keras_identity.training import TrainConfig
+from keras_identity.training import TrainingDiverged
+from keras_identity.training import train
+
+
+def quiet(*_):
+    pass
+
+
+@pytest.fixture
+def mnist_npz(shared_dir):
+    return os.path.join(shared_dir, "data", "mnist.npz")
+
+
+@pytest.fixture
+def cifar_like(tmp_path, rng):
+    path = tmp_path / "cifar-like.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (256, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 256), x_test=rng.integers(0, 256, (64, 32, 32, 3),
+                                                                    dtype=np.uint8),
+             y_test=rng.integers(0, 10, 64))
+    return str(path)
+
+
+def test_short_real_mnist_run_is_well_above_chance(tmp_path, mnist_npz):
+    config = TrainConfig(model="highway_net", depth=10, data_dir=mnist_npz,
+                         train_examples=12_000, test_examples=2_000, epochs=2, verbose=0,
+                         model_dir=str(tmp_path / "run"))
+    result = train(config, print_fn=quiet)
+    assert result["test_error"] < 0.15  # chance is 0.90
+    assert result["steps"] == 2 * (12_000 // 128)
+    run = tmp_path / "run"
+    for name in ("history.csv", "history.json", "curves.png", "model.keras", "config.json",
+                 "preprocessing.json", "checkpoints/state.json"):
+        assert (run / name).exists(), name
+    assert os.listdir(run / "tensorboard")
+    history = json.loads((run / "history.json").read_text())
+    assert [row["epoch"] for row in history] == [1, 2]
+    assert history[-1]["images_per_sec"] > 0
+    # The saved model and preprocessing reproduce the reported test error.
+    prep = ki.data.load_preprocessing(str(run / "preprocessing.json"))
+    data = ki.data.load_dataset("mnist", mnist_npz).subset(12_000, 2_000, seed=0)
+    model = keras.models.load_model(run / "model.keras")
+    probs = model.predict(np.asarray(prep["normalization"](data.x_test)), verbose=0)
+    error = np.mean(probs.argmax(axis=1) != data.y_test)
+    assert error == pytest.approx(result["test_error"], abs=1e-6)
+    assert prep["class_names"] == [str(i) for i in range(10)]
+
+
+def test_repeatable_and_resume_is_exact(tmp_path):
+    base = dict(model="highway_net", depth=4, train_examples=1_000, test_examples=200,
+                steps_per_epoch=5, batch_size=50, deterministic=True, seed=3, verbose=0)
+    straight = train(TrainConfig(epochs=4, model_dir=str(tmp_path / "a"), **base), quiet)
+    train(TrainConfig(epochs=2, model_dir=str(tmp_path / "b"), **base), quiet)
+    lines = []
+    resumed = train(TrainConfig(epochs=4, model_dir=str(tmp_path / "b"), **base), lines.append)
+    assert any("resuming from the checkpoint at step 10 (epoch 2)" in l for l in lines)
+    assert [r["loss"] for r in resumed["history"]] == [r["loss"] for r in straight["history"]]
+    a = keras.models.load_model(straight["model_path"]).get_weights()
+    b = keras.models.load_model(resumed["model_path"]).get_weights()
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_refuses_to_resume_with_other_flags(tmp_path):
+    base = dict(model="highway_net", train_examples=200, test_examples=50, epochs=1,
+                verbose=0, model_dir=str(tmp_path))
+    train(TrainConfig(depth=3, **base), quiet)
+    with pytest.raises(ConfigError, match=r"other flags \(depth: 3 != 4\)"):
+        train(TrainConfig(depth=4, **base), quiet)
+
+
+def test_divergence_names_the_step(tmp_path):
+    config = TrainConfig(model="plain_net", depth=6, learning_rate=1e4, train_examples=2_000,
+                         test_examples=100, epochs=1, verbose=0, model_dir=str(tmp_path))
+    with pytest.raises(TrainingDiverged, match=r"became nan at step \d+ \(epoch 1\)"):
+        train(config, quiet)
+
+
+def test_mixed_bfloat16_xla_step_as_on_a_tpu(tmp_path, cifar_like):
+    config = TrainConfig(model="preact_resnet", depth=11, shortcut="exclusive_gating",
+                         gate_bias_init=-2.0, dataset="cifar10", data_dir=cifar_like,
+                         precision="mixed_bfloat16", jit_compile=True, train_steps=2,
+                         batch_size=16, verbose=0, model_dir=str(tmp_path))
+    result = train(config, quiet)
+    assert result["steps"] == 2 and np.isfinite(result["loss"])
+    assert result["jit_compile"] is True
+    model = keras.models.load_model(result["model_path"])
+    unit = model.get_layer("stage2_unit1")
+    assert unit.compute_dtype == "bfloat16" and unit.gate.compute_dtype == "float32"
+    assert model.output.dtype == "float32"
+
+
+def test_cifar_recipe_applies_augmentation_and_per_pixel_mean(tmp_path, cifar_like):
+    config = TrainConfig(model="resnet", depth=8, dataset="cifar10", data_dir=cifar_like,
+                         train_steps=1, batch_size=32, verbose=0, model_dir=str(tmp_path))
+    train(config, quiet)
+    prep = ki.data.load_preprocessing(str(tmp_path / "preprocessing.json"))
+    assert prep["normalization"].mode == "per_pixel_mean"
+    assert np.asarray(prep["normalization"].mean).shape == (32, 32, 3)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model"] == "resnet" and saved["depth"] == 8
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(model="resnet9"), ["model='resnet9'", "preact_resnet164"]),
+    (dict(model="preact_resnet", depth=1000, dataset="cifar10"), ["depth=1000", "9n+2"]),
+    (dict(strategy="gpu"), ["strategy='gpu'", "'mirrored'"]),
+    (dict(precision="fp8"), ["precision='fp8'"]),
+    (dict(recipe="adam"), ["recipe='adam'"]),
+    (dict(model="highway_net", shortcut="dropout"), ["shortcut='dropout'", "resnet"]),
+    (dict(model="preact_resnet", unit="original"), ["--model=resnet --unit=original"]),
+    (dict(epochs=3, train_steps=10), ["exclusive"]),
+    (dict(batch_size=0), ["batch_size=0"]),
+    (dict(jit_compile=True, deterministic=True), ["exclusive", "XLA"]),
+    (dict(model="plain_net", gate_bias_init=-1.0), ["gate_bias_init"]),
+])
+def test_bad_configurations(kwargs, words):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**kwargs).validate()
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_missing_data_is_a_config_error(tmp_path):
+    config = TrainConfig(model="resnet", depth=8, dataset="cifar10", data_dir="/no/data",
+                         model_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="does not exist"):
+        train(config, quiet)
+
+
+def test_defaults_train_the_highway_paper_net():
+    config = TrainConfig().validate()
+    assert (config.model, config.resolved_depth, config.dataset) == ("highway_net", 50, "mnist")
+    assert config.resolved_recipe == "highway_mnist"
+    assert Normalization("scale").mode == "scale"
