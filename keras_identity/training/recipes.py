@@ -143,7 +143,7 @@ def resolve(recipe, *, num_train, batch_size=None, depth=None, learning_rate=Non
     elif recipe.large_batch_warmup_epochs and scale > 1:
         warmup = round(recipe.large_batch_warmup_epochs * per_epoch)
         warmup_rate, kind = recipe.learning_rate, "linear"
-    boundaries = tuple(round(f * total) for f in recipe.boundaries)
+    boundaries = tuple(max(1, round(f * total)) for f in recipe.boundaries)
     return Schedule(learning_rate=lr, total_steps=total, steps_per_epoch=per_epoch,
                     boundaries=boundaries, warmup_steps=min(warmup, total),
                     warmup_rate=warmup_rate, warmup=kind, batch_size=batch, scale=scale,

@@ -1,5 +1,6 @@
 """Choosing the ``tf.distribute`` strategy."""
 
+import glob
 import json
 import os
 
@@ -13,6 +14,20 @@ def _tpu_strategy(address):
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
+
+
+def _tpu_candidates(tpu_address):
+    """TPU addresses worth trying: the given one, a TPU VM's local chips
+    (``/dev/accel*``, ``/dev/vfio``), or the TPU named by the environment
+    (older Colab TPU runtimes set ``COLAB_TPU_ADDR``)."""
+    if tpu_address:
+        return [tpu_address]
+    candidates = []
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        candidates.append("local")
+    if os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_NAME"):
+        candidates.append("")
+    return candidates
 
 
 def get_strategy(name="auto", tpu_address=""):
@@ -29,11 +44,11 @@ def get_strategy(name="auto", tpu_address=""):
         raise ValueError(f"strategy={name!r} is not valid; expected one of: "
                          f"{', '.join(repr(s) for s in STRATEGIES)}.")
     if name == "auto":
-        if tpu_address or os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_NAME"):
+        for address in _tpu_candidates(tpu_address):
             try:
-                return _tpu_strategy(tpu_address)
+                return _tpu_strategy(address)
             except (ValueError, RuntimeError, tf.errors.OpError):
-                pass
+                continue
         gpus = tf.config.list_logical_devices("GPU")
         if len(gpus) > 1:
             return tf.distribute.MirroredStrategy()
@@ -52,11 +67,14 @@ def get_strategy(name="auto", tpu_address=""):
             raise ValueError("strategy='multi_worker' needs the TF_CONFIG environment "
                              "variable (cluster and task of this worker).")
         return tf.distribute.MultiWorkerMirroredStrategy()
-    try:
-        return _tpu_strategy(tpu_address)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        raise ValueError(f"strategy='tpu' found no TPU ({error}); use --strategy=auto or "
-                         f"pass --tpu=<address>.") from None
+    errors = []
+    for address in _tpu_candidates(tpu_address) or [""]:
+        try:
+            return _tpu_strategy(address)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            errors.append(" ".join(str(error).split())[:120])
+    raise ValueError(f"strategy='tpu' found no TPU ({'; '.join(errors)}); use "
+                     f"--strategy=auto or pass --tpu=<address>.")
 
 
 def is_chief(strategy):

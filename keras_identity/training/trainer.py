@@ -255,13 +255,15 @@ class Run:
     state: dict
 
 
-def prepare(config):
-    """Validates ``config``, picks the strategy, loads the data and resolves the
-    recipe.  Every problem found here raises :class:`ConfigError`."""
+def prepare(config, strategy=None):
+    """Validates ``config``, picks the strategy (unless one is given), loads the
+    data and resolves the recipe.  Every problem found here raises
+    :class:`ConfigError`."""
     try:
         config.validate()
         _setup_precision_and_seed(config)
-        strategy = strategies.get_strategy(config.strategy, config.tpu)
+        if strategy is None:
+            strategy = strategies.get_strategy(config.strategy, config.tpu)
         chief = strategies.is_chief(strategy)
         work_dir = config.model_dir if chief else os.path.join(
             config.model_dir, f".worker{strategy.cluster_resolver.task_id}")
@@ -293,15 +295,18 @@ def prepare(config):
                checkpointer=checkpointer, state=state)
 
 
-def train(config, print_fn=print):
+def train(config, print_fn=print, strategy=None):
     """Trains ``config.model``; returns a dict with the final metrics and paths.
+
+    ``strategy`` overrides ``config.strategy`` with a strategy already created
+    (e.g. a notebook's ``TPUStrategy``, which must be initialised only once).
 
     Raises:
         ConfigError: bad configuration or missing data (one-line message).
         TrainingDiverged: the loss became NaN/inf (names the step).
     """
     started = time.time()
-    run = prepare(config)
+    run = prepare(config, strategy)
     strategy, data, recipe, schedule = run.strategy, run.data, run.recipe, run.schedule
     chief, work_dir, checkpointer = run.chief, run.work_dir, run.checkpointer
     normalization, augmentation, model_dir = run.normalization, run.augmentation, config.model_dir
@@ -371,6 +376,7 @@ def train(config, print_fn=print):
         model.fit(train_ds, epochs=schedule.epochs,
                   initial_epoch=start_step // schedule.steps_per_epoch,
                   steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
+                  shuffle=False,
                   callbacks=callbacks, verbose=config.verbose if chief else 0)
     else:
         print_fn(f"the run is already complete ({start_step} steps)")

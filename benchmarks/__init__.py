@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.<name>`` from the repository root."""

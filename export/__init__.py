@@ -1,0 +1,1 @@
+"""Export and serving programs: ``python -m export.<name>`` from the repository root."""

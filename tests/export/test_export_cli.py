@@ -1,0 +1,139 @@
+"""export/ programs: export a trained run, serve it on loopback, call it as a client."""
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from keras_identity.serving.warmup import encode_png
+from keras_identity.training import TrainConfig
+from keras_identity.training import train
+from tests.conftest import REPO
+
+
+def run_module(module, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    rng = np.random.default_rng(0)
+    data = root / "cifar-like.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (128, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 128), x_test=rng.integers(0, 256, (32, 32, 32, 3),
+                                                                    dtype=np.uint8),
+             y_test=rng.integers(0, 10, 32))
+    config = TrainConfig(model="resnet", depth=8, dataset="cifar10", data_dir=str(data),
+                         train_steps=2, batch_size=32, verbose=0, model_dir=str(root / "r8"))
+    train(config, print_fn=lambda *_: None)
+    return root
+
+
+def test_export_cli_writes_numbered_versions(trained_run):
+    model = str(trained_run / "r8" / "model.keras")
+    base = str(trained_run / "serving" / "r8")
+    first = run_module("export.export_saved_model", f"--model_path={model}",
+                       f"--export_dir={base}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "3 warm-up requests replayed" in first.stdout
+    assert f"tensorflow_model_server --model_name=r8 --model_base_path={base}" in first.stdout
+    second = run_module("export.export_saved_model", f"--model_path={model}",
+                        f"--export_dir={base}")
+    assert second.returncode == 0
+    assert sorted(os.listdir(base)) == ["1", "2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model_path=/no/model.keras", "--export_dir=/tmp/x"], "does not exist"),
+    (["--export_dir=/tmp/x"], "--model_path"),
+])
+def test_export_cli_bad_flags(args, message):
+    result = run_module("export.export_saved_model", *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert len([l for l in result.stderr.splitlines() if l.startswith("error")]) == 1
+
+
+def test_export_cli_needs_the_preprocessing(trained_run, tmp_path):
+    lone = tmp_path / "model.keras"
+    lone.write_bytes((trained_run / "r8" / "model.keras").read_bytes())
+    result = run_module("export.export_saved_model", f"--model_path={lone}",
+                        f"--export_dir={tmp_path / 's'}")
+    assert result.returncode == 2 and "no preprocessing.json" in result.stderr
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url, body):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_local_server_answers_rest_and_grpc_clients(trained_run, tmp_path):
+    base = trained_run / "serving" / "r8"
+    if not base.exists():
+        run_module("export.export_saved_model",
+                   f"--model_path={trained_run / 'r8' / 'model.keras'}", f"--export_dir={base}")
+    rest_port, grpc_port = _free_port(), _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "export.serve_local", "--model_name=r8",
+         f"--model_base_path={base}", f"--rest_api_port={rest_port}", f"--port={grpc_port}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{rest_port}/v1/models/r8"
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    status = json.loads(response.read())
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.time() < deadline and server.poll() is None, server.stdout.read()
+                time.sleep(0.5)
+        assert status["model_version_status"][0]["state"] == "AVAILABLE"
+        image = np.random.default_rng(1).integers(0, 256, (32, 32, 3)).astype(np.uint8)
+        encoded = base64.b64encode(encode_png(image)).decode()
+        # The README's curl body.
+        code, body = _post(url + ":predict", {"signature_name": "serving_bytes",
+                                              "instances": [{"image_bytes": {"b64": encoded}}]})
+        assert code == 200
+        assert len(body["predictions"][0]["probabilities"]) == 10
+        code, body = _post(url + ":predict", {"signature_name": "serving_bytes",
+                                              "instances": [{"b64": "aGVsbG8="}]})
+        assert code == 400 and "Unknown image file format" in body["error"]
+        # The README's gRPC client.
+        png = tmp_path / "image.png"
+        png.write_bytes(encode_png(image))
+        client = run_module("export.grpc_client", f"--server=127.0.0.1:{grpc_port}",
+                            "--model_name=r8", str(png), timeout=120)
+        assert client.returncode == 0, client.stderr[-2000:]
+        assert client.stdout.startswith(f"{png}: ")
+        names = [p.split()[0] for p in client.stdout.split(": ", 1)[1].split(", ")]
+        assert len(names) == 5
+        bad = tmp_path / "bad.png"
+        bad.write_bytes(b"not a png")
+        failed = run_module("export.grpc_client", f"--server=127.0.0.1:{grpc_port}",
+                            "--model_name=r8", str(bad), timeout=120)
+        assert failed.returncode == 1 and "INVALID_ARGUMENT" in failed.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

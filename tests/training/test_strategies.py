@@ -1,0 +1,47 @@
+import pytest
+import tensorflow as tf
+
+from keras_identity.training import get_strategy
+from keras_identity.training import strategies
+
+
+def test_auto_on_a_cpu_machine_is_the_default_strategy():
+    strategy = get_strategy("auto")
+    assert strategy.num_replicas_in_sync == 1
+    assert strategies.is_chief(strategy)
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("default", "_DefaultDistributionStrategy"),
+    ("one_device", "OneDeviceStrategy"),
+    ("mirrored", "MirroredStrategy"),
+])
+def test_named_strategies(name, kind):
+    assert type(get_strategy(name)).__name__ == kind
+
+
+def test_errors(monkeypatch):
+    with pytest.raises(ValueError, match="strategy='gpu'"):
+        get_strategy("gpu")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="TF_CONFIG"):
+        get_strategy("multi_worker")
+
+    def no_tpu(address):
+        raise ValueError(f"Please provide a TPU Name to connect to ({address!r})")
+
+    monkeypatch.setattr(strategies, "_tpu_strategy", no_tpu)
+    with pytest.raises(ValueError, match="strategy='tpu' found no TPU"):
+        get_strategy("tpu")
+    assert get_strategy("auto", tpu_address="10.0.0.2:8470").num_replicas_in_sync == 1
+
+
+def test_tpu_candidates(monkeypatch):
+    monkeypatch.setattr(strategies.glob, "glob", lambda pattern: [])
+    monkeypatch.delenv("COLAB_TPU_ADDR", raising=False)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    assert strategies._tpu_candidates("") == []
+    assert strategies._tpu_candidates("10.0.0.2:8470") == ["10.0.0.2:8470"]
+    monkeypatch.setattr(strategies.glob, "glob", lambda pattern: ["/dev/accel0"])
+    assert strategies._tpu_candidates("") == ["local"]
+    assert isinstance(tf.distribute.get_strategy(), tf.distribute.Strategy)
