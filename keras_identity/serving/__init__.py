@@ -1,0 +1,6 @@
+"""SavedModel export for TF Serving, and checks of its request contract."""
+
+from keras_identity.serving.export import export_saved_model
+from keras_identity.serving.export import next_version
+from keras_identity.serving.signatures import SIGNATURES
+from keras_identity.serving.signatures import make_serving_functions

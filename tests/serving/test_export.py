@@ -1,0 +1,164 @@
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_identity as ki
+from keras_identity.data import Normalization
+from keras_identity.serving import export_saved_model
+from keras_identity.serving import next_version
+from keras_identity.serving.emulator import ServingEmulator
+from keras_identity.serving.warmup import encode_png
+from keras_identity.serving.warmup import read_warmup
+
+
+def saved_model_cli():
+    return os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+
+
+def test_versioned_layout(cifar_export):
+    assert cifar_export["version_dir"].endswith(os.path.join("pre11", "1"))
+    for name in ("saved_model.pb", "variables", "assets.extra/tf_serving_warmup_requests"):
+        assert os.path.exists(os.path.join(cifar_export["version_dir"], name))
+    assert next_version(cifar_export["base"]) == 2
+
+
+def test_saved_model_cli_lists_the_signatures(cifar_export):
+    text = subprocess.run([saved_model_cli(), "show", "--dir", cifar_export["version_dir"],
+                           "--all"], capture_output=True, text=True, check=True).stdout
+    for name in ("serving_default", "serving_bytes", "serving_uint8"):
+        assert f"signature_def['{name}']" in text
+    assert "inputs['image_bytes']" in text and "inputs['images']" in text
+    for output in ("probabilities", "classes", "scores", "class_names"):
+        assert f"outputs['{output}']" in text
+    assert "shape: (-1, -1, -1, 3)" in text
+    assert "DT_BFLOAT16" not in text and "DT_HALF" not in text
+
+
+FRESH = r"""
+import sys, numpy as np, tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+images = np.load(sys.argv[2])
+pngs = np.load(sys.argv[3], allow_pickle=True)
+out = {
+    "float": loaded.signatures["serving_default"](images=tf.constant(images, tf.float32)),
+    "uint8": loaded.signatures["serving_uint8"](images=tf.constant(images)),
+    "bytes": loaded.signatures["serving_bytes"](image_bytes=tf.constant(list(pngs))),
+}
+np.savez(sys.argv[4], **{k: v["probabilities"].numpy() for k, v in out.items()},
+         names=out["float"]["class_names"].numpy().astype(str))
+"""
+
+
+def test_fresh_process_matches_model_predict(cifar_export, tmp_path):
+    images = cifar_export["images"]
+    np.save(tmp_path / "images.npy", images)
+    np.save(tmp_path / "pngs.npy", np.array([encode_png(i) for i in images], dtype=object))
+    script = tmp_path / "fresh.py"
+    script.write_text(FRESH)
+    subprocess.run([sys.executable, str(script), cifar_export["version_dir"],
+                    str(tmp_path / "images.npy"), str(tmp_path / "pngs.npy"),
+                    str(tmp_path / "out.npz")], check=True, capture_output=True)
+    out = np.load(tmp_path / "out.npz")
+    for key in ("float", "uint8", "bytes"):
+        np.testing.assert_allclose(out[key], cifar_export["expected"], atol=1e-5)
+    top = cifar_export["expected"].argmax(axis=1)
+    names = cifar_export["prep"]["class_names"]
+    assert list(out["names"][:, 0]) == [names[i] for i in top]
+
+
+def test_warmup_requests_parse_and_replay(cifar_export):
+    requests = read_warmup(cifar_export["version_dir"])
+    assert sorted(r.model_spec.signature_name for r in requests) == [
+        "serving_bytes", "serving_default", "serving_uint8"]
+    assert all(r.model_spec.name == "pre11" for r in requests)
+    responses = ServingEmulator(cifar_export["version_dir"]).replay_warmup()
+    probabilities = [tf.make_ndarray(r.outputs["probabilities"]) for r in responses]
+    for p in probabilities:
+        assert p.shape == (2, 10)
+        np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-5)
+    # The same two images through every signature give the same answer.
+    np.testing.assert_allclose(probabilities[0], probabilities[1], atol=1e-5)
+    np.testing.assert_allclose(probabilities[0], probabilities[2], atol=1e-5)
+
+
+def test_existing_version_is_not_overwritten(cifar_export, tmp_path):
+    with pytest.raises(ValueError, match="exists"):
+        export_saved_model(cifar_export["model"], cifar_export["base"], cifar_export["prep"],
+                           version=1, warmup=False)
+
+
+def _tiny_imagenet_model():
+    inputs = keras.Input((224, 224, 3))
+    x = keras.layers.Conv2D(4, 3, strides=4)(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(5, activation="softmax")(x))
+
+
+def test_imagenet_bytes_are_resized_and_center_cropped(tmp_path, rng):
+    model = _tiny_imagenet_model()
+    prep = {"normalization": Normalization.imagenet(), "image_shape": [224, 224, 3],
+            "eval_resize": 256, "class_names": list("abcde")}
+    version_dir = export_saved_model(model, str(tmp_path), prep, warmup=False)
+    photo = rng.integers(0, 256, (300, 400, 3)).astype(np.uint8)
+    out = ServingEmulator(version_dir).run(
+        "serving_bytes", {"image_bytes": np.array([encode_png(photo)], dtype=object)})
+    crop = ki.data.augment.center_crop(photo, 256, 224)
+    expected = model.predict(np.asarray(prep["normalization"](crop))[None], verbose=0)
+    np.testing.assert_allclose(out["probabilities"], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("build, shape", [
+    (lambda: ki.models.highway_net(4, width=8), (28, 28, 1)),
+    (lambda: ki.models.plain_net(4, width=8), (28, 28, 1)),
+    (lambda: ki.models.resnet(8, shortcut="conv1x1"), (32, 32, 3)),
+    (lambda: ki.models.highway_net(7, dataset="cifar10", width=4), (32, 32, 3)),
+])
+def test_every_family_exports(build, shape, tmp_path, rng):
+    model = build()
+    images = rng.integers(0, 256, (3,) + shape).astype(np.uint8)
+    prep = {"normalization": Normalization("scale"), "image_shape": list(shape),
+            "eval_resize": None, "class_names": None}
+    emulator = ServingEmulator(export_saved_model(model, str(tmp_path), prep))
+    expected = model.predict(images / 255.0, verbose=0)
+    out = emulator.run("serving_bytes",
+                       {"image_bytes": np.array([encode_png(i) for i in images], dtype=object)})
+    np.testing.assert_allclose(out["probabilities"], expected, atol=1e-5)
+    assert emulator.run("serving_uint8", {"images": images})["class_names"][0, 0] in \
+        [str(i).encode() for i in range(10)]
+    assert len(emulator.replay_warmup()) == 3
+
+
+def test_mixed_precision_model_serves_float32(tmp_path, rng):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = ki.models.preact_resnet(11)
+    keras.config.set_dtype_policy("float32")
+    prep = {"normalization": Normalization("scale"), "image_shape": [32, 32, 3],
+            "eval_resize": None, "class_names": None}
+    images = rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
+    mixed = ServingEmulator(export_saved_model(model, str(tmp_path / "a"), prep))
+    exact = ServingEmulator(export_saved_model(model, str(tmp_path / "b"), prep, float32=True))
+    a = mixed.run("serving_uint8", {"images": images})["probabilities"]
+    b = exact.run("serving_uint8", {"images": images})["probabilities"]
+    assert a.dtype == np.float32 and b.dtype == np.float32
+    np.testing.assert_allclose(b, model.predict(images / 255.0, verbose=0), atol=0.05)
+    np.testing.assert_allclose(a, b, atol=0.05)
+    clone = ki.serving.export.to_float32(model)
+    assert clone.get_layer("stage1_unit1").compute_dtype == "float32"
+    np.testing.assert_allclose(clone.predict(images / 255.0, verbose=0), b, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_resnet1001_exports(tmp_path, rng):
+    model = ki.models.preact_resnet(1001)
+    prep = {"normalization": Normalization("scale"), "image_shape": [32, 32, 3],
+            "eval_resize": None, "class_names": None}
+    images = rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
+    out = ServingEmulator(export_saved_model(model, str(tmp_path), prep)).run(
+        "serving_uint8", {"images": images})
+    np.testing.assert_allclose(out["probabilities"], model.predict(images / 255.0, verbose=0),
+                               atol=1e-5)
