@@ -1,0 +1,48 @@
+"""experiments.tune killed mid-search and started again."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.conftest import REPO
+
+
+def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
+    args = [sys.executable, "-m", "experiments.tune", "--model=highway_net", "--depth=20",
+            "--train_examples=12000", "--epochs=2", "--gate_biases=0,-3,-6", "--verbose=0",
+            f"--model_dir={tmp_path}"]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    times = tmp_path / "search" / "seconds_per_trial.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if times.exists() and len(json.loads(times.read_text() or "{}")) >= 1:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the search ended before it could be interrupted"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = json.loads(times.read_text())
+    assert len(finished) == 1
+    first_trial = next(iter(finished))
+    stamp = os.path.getmtime(tmp_path / "search" / f"trial_{first_trial}" / "trial.json")
+    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "continuing after 1 finished trials" in result.stdout
+    assert os.path.getmtime(tmp_path / "search" / f"trial_{first_trial}" / "trial.json") == stamp
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(rows) == 4  # header + the three biases
+
+
+def test_bad_flags(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "experiments.tune", "--model=resnet",
+                             "--depth=20", "--dataset=cifar10", f"--model_dir={tmp_path}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "shortcut=None has no gate bias to tune" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "experiments.tune", "--gate_biases=a,b"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "gate_biases=a,b" in result.stderr

@@ -1,0 +1,99 @@
+import csv
+import os
+
+import pytest
+
+from keras_identity.training import ConfigError
+from keras_identity.training import TrainConfig
+from keras_identity.tuning import SearchConfig
+from keras_identity.tuning import run_search
+
+
+def quiet(*_):
+    pass
+
+
+def search_config(tmp_path, **kwargs):
+    train = TrainConfig(model="highway_net", depth=4, train_examples=3000, epochs=1,
+                        verbose=0, model_dir=str(tmp_path / "tune"))
+    return SearchConfig(train=train, **kwargs)
+
+
+def test_small_grid_search_writes_its_table_and_retrains_the_best(tmp_path):
+    result = run_search(search_config(tmp_path, gate_biases=(0.0, -2.0, -4.0),
+                                      retrain_best=True), print_fn=quiet)
+    directory = tmp_path / "tune"
+    rows = list(csv.DictReader(open(directory / "results.csv")))
+    assert [float(r["gate_bias_init"]) for r in rows] == [0.0, -2.0, -4.0]
+    for row in rows:
+        assert 0.0 <= float(row["val_error"]) < 0.9   # better than chance
+        assert int(row["epochs"]) == 1 and float(row["seconds"]) > 0
+    table = (directory / "results.md").read_text()
+    assert "| b_g | val. error (%) | val. loss | train loss | epochs | time (s) |" in table
+    assert "test error" in table  # the retraining line
+    assert (directory / "val_error_vs_gate_bias.png").stat().st_size > 5000
+    best = min(result["rows"], key=lambda r: r["val_error"])
+    assert result["best"] == {"gate_bias_init": best["gate_bias_init"]}
+    retrain = result["retrain"]
+    assert 0.0 < retrain["test_error"] < 0.5
+    assert retrain["steps"] == 3000 // 128   # the whole (subset) training set, one epoch
+
+
+def test_search_continues_without_redoing_finished_trials(tmp_path):
+    first = run_search(search_config(tmp_path, gate_biases=(0.0, -1.0, -2.0), max_trials=2),
+                       print_fn=quiet)
+    assert len(first["rows"]) == 2
+    trial_dir = tmp_path / "tune" / "search"
+    stamps = {p: os.path.getmtime(trial_dir / p / "trial.json")
+              for p in os.listdir(trial_dir) if p.startswith("trial_")}
+    lines = []
+    second = run_search(search_config(tmp_path, gate_biases=(0.0, -1.0, -2.0), max_trials=3),
+                        print_fn=lines.append)
+    assert second["trials_before"] == 2
+    assert any("continuing after 2 finished trials" in line for line in lines)
+    assert len(second["rows"]) == 3
+    for name, stamp in stamps.items():
+        assert os.path.getmtime(trial_dir / name / "trial.json") == stamp
+    assert sorted(r["gate_bias_init"] for r in second["rows"]) == [-2.0, -1.0, 0.0]
+
+
+@pytest.mark.parametrize("tuner", ["random", "bayesian", "hyperband"])
+def test_other_tuners(tmp_path, tuner):
+    search = search_config(tmp_path, tuner=tuner, gate_biases=(0.0, -2.0, -4.0), max_trials=2)
+    search.train.epochs = 2
+    rows = run_search(search, print_fn=quiet)["rows"]
+    assert rows and {r["gate_bias_init"] for r in rows} <= {0.0, -2.0, -4.0}
+    if tuner != "hyperband":
+        assert len(rows) == 2
+
+
+def test_validation_split_keeps_the_test_set_out(tmp_path, monkeypatch):
+    from keras_identity.data import pipeline
+
+    seen = []
+    original = pipeline.eval_dataset
+
+    def spy(data, **kwargs):
+        seen.append((kwargs.get("split"), data.x_test is None))
+        return original(data, **kwargs)
+
+    monkeypatch.setattr(pipeline, "eval_dataset", spy)
+    run_search(search_config(tmp_path, gate_biases=(-1.0,)), print_fn=quiet)
+    assert seen and all(split == "val" and no_test for split, no_test in seen)
+
+
+@pytest.mark.parametrize("kwargs, train_kwargs, words", [
+    (dict(tuner="anneal"), {}, ["tuner='anneal'"]),
+    (dict(), dict(strategy="multi_worker"), ["multi_worker"]),
+    (dict(validation_split=0.0), {}, ["validation_split=0.0"]),
+    (dict(max_trials=0), {}, ["max_trials=0"]),
+    (dict(), dict(model="plain_net"), ["no gate bias"]),
+])
+def test_bad_searches(tmp_path, kwargs, train_kwargs, words):
+    search = search_config(tmp_path, **kwargs)
+    for key, value in train_kwargs.items():
+        setattr(search.train, key, value)
+    with pytest.raises(ConfigError) as error:
+        search.validate()
+    for word in words:
+        assert word in str(error.value)
