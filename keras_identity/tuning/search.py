@@ -25,17 +25,28 @@ TUNERS = ("grid", "random", "bayesian", "hyperband")
 OBJECTIVE = keras_tuner.Objective("val_accuracy", direction="max")
 
 
+RECORDS = "records_per_trial.json"
+
+
 class _TimedTrials:
-    """Records each trial's wall-clock time in ``seconds_per_trial.json``."""
+    """Records each trial's wall-clock time, epochs run and last-epoch losses
+    in ``records_per_trial.json`` (Keras Tuner keeps only the best epoch's)."""
 
     def run_trial(self, trial, *args, **kwargs):
         start = time.time()
         result = super().run_trial(trial, *args, **kwargs)
-        path = os.path.join(self.project_dir, "seconds_per_trial.json")
-        times = json.load(open(path)) if os.path.exists(path) else {}
-        times[trial.trial_id] = time.time() - start
+        histories = result if isinstance(result, list) else [result]
+        logs = getattr(histories[-1], "history", {})
+        path = os.path.join(self.project_dir, RECORDS)
+        records = json.load(open(path)) if os.path.exists(path) else {}
+        records[trial.trial_id] = {
+            "seconds": time.time() - start,
+            "epochs": len(logs.get("loss", [])),
+            "loss": float(logs["loss"][-1]) if logs.get("loss") else float("nan"),
+            "val_loss": float(logs["val_loss"][-1]) if logs.get("val_loss") else float("nan"),
+        }
         with open(path, "w") as f:
-            json.dump(times, f)
+            json.dump(records, f)
         return result
 
 
@@ -140,26 +151,27 @@ def _make_tuner(search, hypermodel, strategy, directory):
 
 
 def _trial_rows(tuner):
-    path = os.path.join(tuner.project_dir, "seconds_per_trial.json")
-    seconds = json.load(open(path)) if os.path.exists(path) else {}
+    path = os.path.join(tuner.project_dir, RECORDS)
+    records = json.load(open(path)) if os.path.exists(path) else {}
     rows = []
     for trial in tuner.oracle.trials.values():
         if trial.status != "COMPLETED" or not trial.metrics.exists("val_accuracy"):
             continue
         values = trial.hyperparameters.values
-        history = trial.metrics.get_history("val_accuracy")
-        last = lambda name: (trial.metrics.get_last_value(name)  # noqa: E731
-                             if trial.metrics.exists(name) else float("nan"))
+        record = records.get(trial.trial_id, {})
+        nan = float("nan")
         row = {"trial": trial.trial_id, "gate_bias_init": values["gate_bias_init"]}
         for name in ("learning_rate", "weight_decay", "depth"):
             if name in values:
                 row[name] = values[name]
+        loss = record.get("loss", nan)
         row.update({
             "val_error": 1.0 - trial.metrics.get_best_value("val_accuracy"),
-            "val_loss": last("val_loss"),
-            "train_loss": last("loss"),
-            "epochs": len(history),
-            "seconds": seconds.get(trial.trial_id, float("nan")),
+            "val_loss": record.get("val_loss", nan),
+            "train_loss": loss,
+            "epochs": record.get("epochs", 0),
+            "seconds": record.get("seconds", nan),
+            "note": "diverged (NaN loss)" if loss != loss else "",
         })
         rows.append(row)
     rows.sort(key=lambda r: (-r["gate_bias_init"], r["trial"]))
@@ -173,8 +185,9 @@ def write_results(rows, directory, title=""):
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    header = {"gate_bias_init": "b_g", "val_error": "val. error (%)", "val_loss": "val. loss",
-              "train_loss": "train loss", "seconds": "time (s)"}
+    header = {"gate_bias_init": "b_g", "val_error": "val. error (%)",
+              "val_loss": "val. loss (last epoch)", "train_loss": "train loss (last epoch)",
+              "seconds": "time (s)"}
     shown = [c for c in columns if c != "trial"]
 
     def cell(name, value):
@@ -201,20 +214,25 @@ def _plot(rows, path, title):
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    biases = [r["gate_bias_init"] for r in rows]
-    errors = [100 * r["val_error"] for r in rows]
-    ax.plot(biases, errors, "o", color="tab:blue")
+    trained = [r for r in rows if not r["note"]]
+    diverged = [r for r in rows if r["note"]]
     best = {}
-    for b, e in zip(biases, errors):
-        best[b] = min(e, best.get(b, e))
+    for r in trained:
+        best[r["gate_bias_init"]] = min(100 * r["val_error"],
+                                        best.get(r["gate_bias_init"], float("inf")))
     xs = sorted(best, reverse=True)
-    ax.plot(xs, [best[x] for x in xs], "-", color="tab:blue", alpha=0.6)
+    ax.plot(xs, [best[x] for x in xs], "o-", color="tab:blue", label="trained")
+    if diverged:
+        ax.plot([r["gate_bias_init"] for r in diverged],
+                [100 * r["val_error"] for r in diverged], "x", color="tab:red",
+                markersize=9, label="diverged (NaN loss)")
     ax.set_xlabel("initial gate bias b_g")
     ax.set_ylabel("validation error (%)")
     ax.invert_xaxis()
     ax.grid(alpha=0.3)
+    ax.legend()
     if title:
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -285,7 +303,8 @@ def run_search(search, print_fn=print):
              f"against the initial gate bias")
     table = write_results(rows, config.model_dir, title)
     print_fn(table)
-    best_row = min(rows, key=lambda r: r["val_error"])
+    finite = [r for r in rows if not r["note"]] or rows
+    best_row = min(finite, key=lambda r: r["val_error"])
     best = {k: best_row[k] for k in ("gate_bias_init", "learning_rate", "weight_decay",
                                      "depth") if k in best_row}
     print_fn(f"best: {best} with validation error {100 * best_row['val_error']:.2f}%")

@@ -16,7 +16,7 @@ def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
             f"--model_dir={tmp_path}"]
     process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-    times = tmp_path / "search" / "seconds_per_trial.json"
+    times = tmp_path / "search" / "records_per_trial.json"
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         if times.exists() and len(json.loads(times.read_text() or "{}")) >= 1:

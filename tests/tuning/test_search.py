@@ -28,8 +28,10 @@ def test_small_grid_search_writes_its_table_and_retrains_the_best(tmp_path):
     for row in rows:
         assert 0.0 <= float(row["val_error"]) < 0.9   # better than chance
         assert int(row["epochs"]) == 1 and float(row["seconds"]) > 0
+        assert row["note"] == ""
     table = (directory / "results.md").read_text()
-    assert "| b_g | val. error (%) | val. loss | train loss | epochs | time (s) |" in table
+    assert ("| b_g | val. error (%) | val. loss (last epoch) | train loss (last epoch) | epochs "
+            "| time (s) | note |") in table
     assert "test error" in table  # the retraining line
     assert (directory / "val_error_vs_gate_bias.png").stat().st_size > 5000
     best = min(result["rows"], key=lambda r: r["val_error"])
@@ -45,7 +47,7 @@ def test_search_continues_without_redoing_finished_trials(tmp_path):
     assert len(first["rows"]) == 2
     trial_dir = tmp_path / "tune" / "search"
     stamps = {p: os.path.getmtime(trial_dir / p / "trial.json")
-              for p in os.listdir(trial_dir) if p.startswith("trial_")}
+              for p in os.listdir(trial_dir) if (trial_dir / p).is_dir()}
     lines = []
     second = run_search(search_config(tmp_path, gate_biases=(0.0, -1.0, -2.0), max_trials=3),
                         print_fn=lines.append)
@@ -62,6 +64,8 @@ def test_other_tuners(tmp_path, tuner):
     search = search_config(tmp_path, tuner=tuner, gate_biases=(0.0, -2.0, -4.0), max_trials=2)
     search.train.epochs = 2
     rows = run_search(search, print_fn=quiet)["rows"]
+    if tuner != "hyperband":
+        assert all(r["epochs"] == 2 for r in rows)
     assert rows and {r["gate_bias_init"] for r in rows} <= {0.0, -2.0, -4.0}
     if tuner != "hyperband":
         assert len(rows) == 2
