@@ -31,6 +31,11 @@ flags.DEFINE_enum("shortcut", None, ["identity", "constant_scaling", "exclusive_
 flags.DEFINE_enum("block", None, ["basic", "bottleneck", "single"], "Residual block.")
 flags.DEFINE_float("gate_bias_init", None, "Initial gate bias: b_g of gated shortcuts, b_T of "
                    "highway layers.")
+flags.DEFINE_float("shortcut_scale", None, "lambda of --shortcut=constant_scaling (0: a plain "
+                   "net).")
+flags.DEFINE_bool("scale_residual", None, "With constant_scaling, scale F by 1 - lambda "
+                  "(Table 1's frozen gating).")
+flags.DEFINE_float("shortcut_dropout_rate", None, "Drop rate of --shortcut=dropout.")
 flags.DEFINE_float("stochastic_depth_rate", 0.0, "Stochastic depth rate of the last unit.")
 flags.DEFINE_enum("dataset", "mnist", ["mnist", "cifar10", "cifar100", "imagenet"], "Dataset.")
 flags.DEFINE_string("data_dir", None, "Offline data (.npz, image folder or .tar.gz, or a "
@@ -75,6 +80,8 @@ def config_from_flags():
     config = TrainConfig(
         model=FLAGS.model, depth=FLAGS.depth, unit=FLAGS.unit, shortcut=FLAGS.shortcut,
         block=FLAGS.block, gate_bias_init=FLAGS.gate_bias_init,
+        shortcut_scale=FLAGS.shortcut_scale, scale_residual=FLAGS.scale_residual,
+        shortcut_dropout_rate=FLAGS.shortcut_dropout_rate,
         stochastic_depth_rate=FLAGS.stochastic_depth_rate, dataset=FLAGS.dataset,
         data_dir=FLAGS.data_dir, recipe=FLAGS.recipe, batch_size=FLAGS.batch_size,
         epochs=FLAGS.epochs, train_steps=FLAGS.train_steps,

@@ -14,5 +14,6 @@ from keras_identity import data
 from keras_identity import layers
 from keras_identity import models
 from keras_identity import training
+from keras_identity import analysis
 
 __version__ = "0.1.0"

@@ -38,7 +38,8 @@ class ConfigError(ValueError):
 
 
 # Flags that must match for a run to resume from a model_dir's checkpoint.
-_RESUME_KEYS = ("model", "depth", "unit", "shortcut", "block", "gate_bias_init", "dataset",
+_RESUME_KEYS = ("model", "depth", "unit", "shortcut", "block", "gate_bias_init",
+                "shortcut_scale", "scale_residual", "shortcut_dropout_rate", "dataset",
                 "recipe", "batch_size", "precision", "seed")
 
 
@@ -52,6 +53,9 @@ class TrainConfig:
     shortcut: str = None
     block: str = None
     gate_bias_init: float = None
+    shortcut_scale: float = None
+    scale_residual: bool = None
+    shortcut_dropout_rate: float = None
     stochastic_depth_rate: float = 0.0
     dataset: str = "mnist"
     data_dir: str = None
@@ -115,7 +119,8 @@ class TrainConfig:
         if self.epochs is not None and self.train_steps is not None:
             raise ValueError("epochs and train_steps are exclusive; give one of them.")
         family = self.family
-        resnet_only = ("unit", "shortcut", "block")
+        resnet_only = ("unit", "shortcut", "block", "shortcut_scale", "scale_residual",
+                       "shortcut_dropout_rate")
         if family in ("highway_net", "plain_net"):
             for name in resnet_only:
                 if getattr(self, name) is not None:
@@ -164,7 +169,8 @@ def build_model(config, data, seed=None):
     kwargs = dict(num_classes=data.num_classes, input_shape=tuple(data.image_shape))
     family = config.family
     if family in ("resnet", "preact_resnet"):
-        for name in ("unit", "shortcut", "block", "gate_bias_init"):
+        for name in ("unit", "shortcut", "block", "gate_bias_init", "shortcut_scale",
+                     "scale_residual", "shortcut_dropout_rate"):
             if getattr(config, name) is not None:
                 kwargs[name] = getattr(config, name)
         if config.stochastic_depth_rate:

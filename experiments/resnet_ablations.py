@@ -1,0 +1,182 @@
+r"""Table 1 (shortcuts) and Table 2 (unit orderings) of He et al. (2016) on CIFAR-10.
+
+    python -m experiments.resnet_ablations --data_dir=../shared/data \
+        --depth=20 --train_steps=300 --seeds=0,1              # reduced scale, CPU
+    python -m experiments.resnet_ablations --data_dir=... --depth=110 --seeds=0,1,2,3,4
+                                                              # the paper's recipe (GPU)
+
+Trains every configuration with the `cifar` recipe (shortened proportionally
+by --train_steps; omit it for the full 64k iterations), for each seed, and
+writes a Markdown report with the paper's numbers beside ours (median over
+seeds) and the training curves.  Finished runs are skipped, so the command
+can be run again to complete an interrupted study.
+"""
+
+import json
+import os
+
+from absl import app
+from absl import flags
+
+from experiments import _cli
+from experiments import _report
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data_dir", None, "CIFAR-10 data (tfds directory or offline files).")
+flags.DEFINE_integer("depth", 20, "ResNet depth (6n+2; the paper: 110 for Table 1).")
+flags.DEFINE_integer("train_steps", None, "Iterations per run (default: the recipe's 64k).")
+flags.DEFINE_integer("steps_per_epoch", None, "Evaluation interval (default: one epoch).")
+flags.DEFINE_integer("batch_size", None, "Global batch size (default: the recipe's 128).")
+flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the paper: median of 5 runs).")
+flags.DEFINE_list("tables", ["1", "2"], "Which tables to run.")
+flags.DEFINE_string("run_dir", "runs/ablations", "Directory of the individual runs.")
+flags.DEFINE_string("report", None, "Report name under docs/results/ (default: "
+                    "resnet_ablations_<depth>.md).")
+flags.DEFINE_string("strategy", "auto", "tf.distribute strategy.")
+flags.DEFINE_string("precision", "float32", "Keras dtype policy.")
+
+# (key, case, Fig., on shortcut, on F, paper's ResNet-110 error, ResidualUnit arguments)
+TABLE1 = [
+    ("original", "original", "2(a)", "1", "1", "6.61", {}),
+    ("scale0", "constant scaling", "2(b)", "0", "1", "fail (plain net)",
+     dict(shortcut="constant_scaling", shortcut_scale=0.0)),
+    ("scale05", "constant scaling", "2(b)", "0.5", "1", "fail",
+     dict(shortcut="constant_scaling", shortcut_scale=0.5)),
+    ("scale05_frozen", "constant scaling", "2(b)", "0.5", "0.5", "12.35 (frozen gating)",
+     dict(shortcut="constant_scaling", shortcut_scale=0.5, scale_residual=True)),
+    ("exclusive0", "exclusive gating", "2(c)", "1-g(x)", "g(x)", "fail (b_g = 0 to -5)",
+     dict(shortcut="exclusive_gating", gate_bias_init=0.0)),
+    ("exclusive6", "exclusive gating", "2(c)", "1-g(x)", "g(x)", "8.70 (b_g = -6)",
+     dict(shortcut="exclusive_gating", gate_bias_init=-6.0)),
+    ("exclusive7", "exclusive gating", "2(c)", "1-g(x)", "g(x)", "9.81 (b_g = -7)",
+     dict(shortcut="exclusive_gating", gate_bias_init=-7.0)),
+    ("shortcut_only0", "shortcut-only gating", "2(d)", "1-g(x)", "1", "12.86 (b_g = 0)",
+     dict(shortcut="shortcut_only_gating", gate_bias_init=0.0)),
+    ("shortcut_only6", "shortcut-only gating", "2(d)", "1-g(x)", "1", "6.91 (b_g = -6)",
+     dict(shortcut="shortcut_only_gating", gate_bias_init=-6.0)),
+    ("conv1x1", "1x1 conv shortcut", "2(e)", "1x1 conv", "1", "12.22",
+     dict(shortcut="conv1x1")),
+    ("dropout", "dropout shortcut", "2(f)", "dropout 0.5", "1", "fail",
+     dict(shortcut="dropout", shortcut_dropout_rate=0.5)),
+]
+# (key, case, Fig., paper's ResNet-110, paper's ResNet-164, unit)
+TABLE2 = [
+    ("original", "original Residual Unit", "4(a)", "6.61", "5.93", "original"),
+    ("bn_after_addition", "BN after addition", "4(b)", "8.17", "6.50", "bn_after_addition"),
+    ("relu_before_addition", "ReLU before addition", "4(c)", "7.84", "6.14",
+     "relu_before_addition"),
+    ("relu_only_preactivation", "ReLU-only pre-activation", "4(d)", "6.71", "5.91",
+     "relu_only_preactivation"),
+    ("full_preactivation", "full pre-activation", "4(e)", "6.37", "5.46",
+     "full_preactivation"),
+]
+
+
+def _run(key, seed, unit_kwargs):
+    """Trains one configuration (or reads its finished run); returns its last row."""
+    import keras
+
+    from keras_identity.training import ConfigError
+    from keras_identity.training import TrainConfig
+    from keras_identity.training import TrainingDiverged
+    from keras_identity.training import train
+
+    model_dir = os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_{key}_seed{seed}")
+    marker = os.path.join(model_dir, "diverged.json")
+    if os.path.exists(marker):
+        return json.load(open(marker))
+    config = TrainConfig(model="resnet", depth=FLAGS.depth, dataset="cifar10",
+                         data_dir=FLAGS.data_dir, train_steps=FLAGS.train_steps,
+                         steps_per_epoch=FLAGS.steps_per_epoch, batch_size=FLAGS.batch_size,
+                         seed=seed, strategy=FLAGS.strategy, precision=FLAGS.precision,
+                         verbose=0, model_dir=model_dir, **unit_kwargs)
+    try:
+        row = train(config, print_fn=lambda *_: None)["history"][-1]
+    except TrainingDiverged as error:
+        row = {"test_error": float("nan"), "loss": float("nan"), "step": error.step,
+               "diverged": True}
+        os.makedirs(model_dir, exist_ok=True)
+        json.dump(row, open(marker, "w"))
+    except ConfigError as error:
+        _cli.fail(error, 2)
+    keras.backend.clear_session()
+    print(f"  {key} seed {seed}: test error {100 * row['test_error']:.2f}%, "
+          f"train loss {row['loss']:.4f}", flush=True)
+    return row
+
+
+def _median(values):
+    import numpy as np
+
+    finite = [v for v in values if v == v]
+    if not finite:
+        return float("nan")
+    return float(np.median(finite))
+
+
+def _cell(rows, key):
+    errors = [r["test_error"] for r in rows]
+    losses = [r["loss"] for r in rows]
+    diverged = sum(1 for r in rows if r.get("diverged"))
+    text = " / ".join(f"{100 * e:.1f}" if e == e else "NaN" for e in errors)
+    note = f" ({diverged} diverged)" if diverged else ""
+    return (f"{100 * _median(errors):.2f} [{text}]{note}",
+            f"{_median(losses):.3f}")
+
+
+def main(argv):
+    if len(argv) > 1:
+        _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    seeds = [int(s) for s in FLAGS.seeds]
+    results = {}
+    wanted = {}
+    if "1" in FLAGS.tables:
+        wanted.update({key: kwargs for key, *_, kwargs in TABLE1})
+    if "2" in FLAGS.tables:
+        wanted.update({key: {"unit": unit} if unit != "original" else {}
+                       for key, *_, unit in TABLE2})
+    for key, kwargs in wanted.items():
+        print(f"{key}: {kwargs}", flush=True)
+        results[key] = [_run(key, seed, kwargs) for seed in seeds]
+
+    steps = FLAGS.train_steps or "64,000 (the full recipe)"
+    text = _report.header(f"He et al. (2016) Tables 1 and 2 on CIFAR-10: ResNet-{FLAGS.depth}")
+    text += (f"\nResNet-{FLAGS.depth} (the paper: ResNet-110 for Table 1, ResNet-110 and "
+             f"ResNet-164 for Table 2), `cifar` recipe scaled to {steps} iterations at batch "
+             f"{FLAGS.batch_size or 128} (lr 0.1, /10 at 50% and 75%), seeds {seeds}. "
+             f"Ours: test error of the median seed, with each seed's in brackets, and the "
+             f"training loss at the end (median). The paper's numbers are medians of 5 runs "
+             f"of the full recipe.\n")
+    if "1" in FLAGS.tables:
+        text += ("\n## Table 1: shortcuts (all units original, Fig. 4(a))\n\n| case | Fig. | on "
+                 "shortcut | on F | paper: ResNet-110 error (%) | ours: test error (%) | "
+                 "ours: train loss |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+        for key, case, fig, on_h, on_f, paper, _ in TABLE1:
+            error, loss = _cell(results[key], key)
+            text += f"| {case} | {fig} | {on_h} | {on_f} | {paper} | {error} | {loss} |\n"
+    if "2" in FLAGS.tables:
+        text += ("\n## Table 2: unit orderings (identity shortcuts)\n\n| case | Fig. | paper: "
+                 "ResNet-110 | paper: ResNet-164 | ours: test error (%) | ours: train loss "
+                 "|\n| --- | --- | --- | --- | --- | --- |\n")
+        for key, case, fig, p110, p164, _ in TABLE2:
+            error, loss = _cell(results[key], key)
+            text += f"| {case} | {fig} | {p110} | {p164} | {error} | {loss} |\n"
+    from keras_identity.training import plot_runs
+
+    curves = []
+    for key in wanted:
+        run = os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_{key}_seed{seeds[0]}")
+        if os.path.exists(os.path.join(run, "history.json")):
+            curves.append((key, run))
+    figure = os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_curves.png")
+    if curves:
+        plot_runs([r for _, r in curves], figure, labels=[k for k, _ in curves],
+                  title=f"ResNet-{FLAGS.depth}, seed {seeds[0]}: training loss (dashed), "
+                        f"test error (solid)")
+        text += "\n" + _report.copy_figure(figure, f"resnet{FLAGS.depth}_ablation_curves.png")
+    name = FLAGS.report or f"resnet_ablations_{FLAGS.depth}.md"
+    print(f"wrote {_report.write(name, text)}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_cli.one_line_flags_parser)
