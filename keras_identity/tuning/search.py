@@ -30,24 +30,40 @@ RECORDS = "records_per_trial.json"
 
 class _TimedTrials:
     """Records each trial's wall-clock time, epochs run and last-epoch losses
-    in ``records_per_trial.json`` (Keras Tuner keeps only the best epoch's)."""
+    in ``records_per_trial.json`` (Keras Tuner keeps only the best epoch's).
+
+    The record is written after the oracle has ended and saved the trial, so
+    a trial listed in the file is also complete on disk when a search is
+    killed and resumed.
+    """
 
     def run_trial(self, trial, *args, **kwargs):
         start = time.time()
         result = super().run_trial(trial, *args, **kwargs)
         histories = result if isinstance(result, list) else [result]
         logs = getattr(histories[-1], "history", {})
-        path = os.path.join(self.project_dir, RECORDS)
-        records = json.load(open(path)) if os.path.exists(path) else {}
-        records[trial.trial_id] = {
+        if not hasattr(self, "_pending_records"):
+            self._pending_records = {}
+        self._pending_records[trial.trial_id] = {
             "seconds": time.time() - start,
             "epochs": len(logs.get("loss", [])),
             "loss": float(logs["loss"][-1]) if logs.get("loss") else float("nan"),
             "val_loss": float(logs["val_loss"][-1]) if logs.get("val_loss") else float("nan"),
         }
-        with open(path, "w") as f:
-            json.dump(records, f)
         return result
+
+    def on_trial_end(self, trial):
+        super().on_trial_end(trial)
+        record = getattr(self, "_pending_records", {}).pop(trial.trial_id, None)
+        if record is None:
+            return
+        path = os.path.join(self.project_dir, RECORDS)
+        records = json.load(open(path)) if os.path.exists(path) else {}
+        records[trial.trial_id] = record
+        temporary = path + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump(records, f)
+        os.replace(temporary, path)
 
 
 class GridOracle(keras_tuner.Oracle):
