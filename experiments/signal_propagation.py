@@ -86,7 +86,8 @@ def propagation_report():
     full, path = {}, {}
     rows = []
     for label, kwargs, expected in CONFIGS:
-        model = ki.models.resnet(FLAGS.depth, seed=FLAGS.seed, **kwargs)
+        model = ki.models.resnet(FLAGS.depth, seed=FLAGS.seed, stage_mode="unrolled",
+                                 **kwargs)
         full[label] = ki.analysis.signal_propagation(model, x, labels)
         path[label] = ki.analysis.signal_propagation(model, x, labels, residual_branches=False)
         factor, units = _stage_factor(path[label])

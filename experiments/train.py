@@ -37,6 +37,11 @@ flags.DEFINE_bool("scale_residual", None, "With constant_scaling, scale F by 1 -
                   "(Table 1's frozen gating).")
 flags.DEFINE_float("shortcut_dropout_rate", None, "Drop rate of --shortcut=dropout.")
 flags.DEFINE_float("stochastic_depth_rate", 0.0, "Stochastic depth rate of the last unit.")
+flags.DEFINE_enum("stage_mode", "auto", ["auto", "unrolled", "scan"], "ResNet stages as one "
+                  "layer per unit (unrolled) or one looped layer (scan: start-up flat in "
+                  "depth); auto loops stages of 12+ units.")
+flags.DEFINE_bool("recompute", False, "Recompute the looped units' activations in the "
+                  "backward pass (less memory, e.g. ResNet-1001 at batch 128).")
 flags.DEFINE_enum("dataset", "mnist", ["mnist", "cifar10", "cifar100", "imagenet"], "Dataset.")
 flags.DEFINE_string("data_dir", None, "Offline data (.npz, image folder or .tar.gz, or a "
                     "folder holding one) or a tensorflow_datasets data directory.")
@@ -82,7 +87,8 @@ def config_from_flags():
         block=FLAGS.block, gate_bias_init=FLAGS.gate_bias_init,
         shortcut_scale=FLAGS.shortcut_scale, scale_residual=FLAGS.scale_residual,
         shortcut_dropout_rate=FLAGS.shortcut_dropout_rate,
-        stochastic_depth_rate=FLAGS.stochastic_depth_rate, dataset=FLAGS.dataset,
+        stochastic_depth_rate=FLAGS.stochastic_depth_rate, stage_mode=FLAGS.stage_mode,
+        recompute=FLAGS.recompute, dataset=FLAGS.dataset,
         data_dir=FLAGS.data_dir, recipe=FLAGS.recipe, batch_size=FLAGS.batch_size,
         epochs=FLAGS.epochs, train_steps=FLAGS.train_steps,
         steps_per_epoch=FLAGS.steps_per_epoch, learning_rate=FLAGS.learning_rate,

@@ -16,11 +16,23 @@ import numpy as np
 import tensorflow as tf
 
 from keras_identity.layers.highway import _HighwayBase
+from keras_identity.layers.residual_stack import ResidualStack
 from keras_identity.layers.residual_unit import ResidualUnit
 
 
 def unit_layers(model):
-    """The model's residual units and highway layers, in order."""
+    """The model's residual units and highway layers, in order.
+
+    Raises:
+        ValueError: for a model with looped stages, whose units are not
+            separate layers.
+    """
+    looped = [l.name for l in model.layers if isinstance(l, ResidualStack)]
+    if looped:
+        raise ValueError(f"Model '{model.name}' has looped stages ({', '.join(looped)}); "
+                         f"the analysis tools look at each unit, build the model with "
+                         f"stage_mode='unrolled' (keras_identity.models.transfer_weights "
+                         f"copies trained weights into it).")
     return [l for l in model.layers if isinstance(l, (ResidualUnit, _HighwayBase))]
 
 

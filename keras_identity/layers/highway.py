@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_identity import _checks
+from keras_identity import initializers
 
 CARRY_GATES = ("coupled", "separate")
 
@@ -30,7 +31,7 @@ class _HighwayBase(keras.layers.Layer):
             carry_bias_init = -self.transform_bias_init
         self.carry_bias_init = _checks.check_range("carry_bias_init", carry_bias_init)
         self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.kernel_initializer = initializers.get(kernel_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.transform_gate_override = transform_gate_override
 
@@ -104,7 +105,7 @@ class _HighwayBase(keras.layers.Layer):
             activation=keras.activations.serialize(self.activation),
             transform_bias_init=self.transform_bias_init, carry_gate=self.carry_gate,
             carry_bias_init=self.carry_bias_init, use_bias=self.use_bias,
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            kernel_initializer=initializers.serialize(self.kernel_initializer),
             kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer)
             if self.kernel_regularizer is not None else None,
             transform_gate_override=self._transform_gate_override)

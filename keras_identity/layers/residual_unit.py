@@ -16,6 +16,7 @@ from keras import ops
 
 from keras_identity import _checks
 from keras_identity import initializers
+from keras_identity.layers.fused_batch_normalization import FusedBatchNormalization
 from keras_identity.layers.zero_pad_shortcut import ZeroPadShortcut
 
 UNITS = (
@@ -39,6 +40,32 @@ GATED_SHORTCUTS = ("exclusive_gating", "shortcut_only_gating")
 PREACTIVATION_MODES = ("residual", "shared", "none")
 DIMENSION_SHORTCUTS = ("A", "B")
 BOTTLENECK_EXPANSION = 4
+
+
+def set_weight_arguments(layer, *, use_bias, bn_momentum, bn_epsilon, kernel_initializer,
+                         kernel_regularizer):
+    """Validates and sets the convolution and BN arguments shared by
+    :class:`ResidualUnit` and ``ResidualStack`` on ``layer``."""
+    layer.use_bias = bool(use_bias)
+    layer.bn_momentum = _checks.check_range("bn_momentum", bn_momentum, 0.0, 1.0)
+    layer.bn_epsilon = _checks.check_range("bn_epsilon", bn_epsilon, 0.0, low_inclusive=False)
+    layer.kernel_initializer = initializers.get(kernel_initializer,
+                                                initializers.he_normal_fan_out)
+    layer._kernel_initializer_arg = kernel_initializer
+    layer.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+
+
+def check_widths(filters, bottleneck_width, kernel_size):
+    """Validates a unit's bottleneck width (default ``filters // 4``) and its
+    odd kernel size; returns both."""
+    if bottleneck_width is None:
+        bottleneck_width = max(1, filters // BOTTLENECK_EXPANSION)
+    bottleneck_width = _checks.check_positive_int("bottleneck_width", bottleneck_width)
+    kernel_size = _checks.check_positive_int("kernel_size", kernel_size)
+    if kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size={kernel_size!r} is not valid; expected an odd size so "
+                         f"that the units keep the feature map size.")
+    return bottleneck_width, kernel_size
 
 
 @keras.saving.register_keras_serializable(package="keras_identity")
@@ -136,13 +163,8 @@ class ResidualUnit(keras.layers.Layer):
         self.strides = _checks.check_positive_int("strides", strides)
         self.dimension_shortcut = _checks.check_choice(
             "dimension_shortcut", dimension_shortcut, DIMENSION_SHORTCUTS)
-        if bottleneck_width is None:
-            bottleneck_width = max(1, filters // BOTTLENECK_EXPANSION)
-        self.bottleneck_width = _checks.check_positive_int("bottleneck_width", bottleneck_width)
-        self.kernel_size = _checks.check_positive_int("kernel_size", kernel_size)
-        if self.kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size={kernel_size!r} is not valid; expected an odd "
-                             f"size so that the unit keeps the feature map size.")
+        self.bottleneck_width, self.kernel_size = check_widths(filters, bottleneck_width,
+                                                               kernel_size)
         self.stride_on_1x1 = bool(stride_on_1x1)
         self.preactivation = _checks.check_choice(
             "preactivation", preactivation, PREACTIVATION_MODES)
@@ -164,14 +186,9 @@ class ResidualUnit(keras.layers.Layer):
             "shortcut_dropout_rate", shortcut_dropout_rate, 0.0, 1.0, high_inclusive=False)
         self.stochastic_depth_rate = _checks.check_range(
             "stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0, high_inclusive=False)
-        self.use_bias = bool(use_bias)
-        self.bn_momentum = _checks.check_range("bn_momentum", bn_momentum, 0.0, 1.0)
-        self.bn_epsilon = _checks.check_range("bn_epsilon", bn_epsilon, 0.0,
-                                              low_inclusive=False)
-        self.kernel_initializer = initializers.get(kernel_initializer,
-                                                   initializers.he_normal_fan_out)
-        self._kernel_initializer_arg = kernel_initializer
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        set_weight_arguments(self, use_bias=use_bias, bn_momentum=bn_momentum,
+                             bn_epsilon=bn_epsilon, kernel_initializer=kernel_initializer,
+                             kernel_regularizer=kernel_regularizer)
         self.seed = seed
         needs_rng = (self.stochastic_depth_rate > 0.0
                      or (self.shortcut == "dropout" and self.shortcut_dropout_rate > 0.0))
@@ -210,7 +227,7 @@ class ResidualUnit(keras.layers.Layer):
             name=f"{self.name}_{name}", dtype=dtype or self.dtype_policy, **kwargs)
 
     def _bn(self, name):
-        return keras.layers.BatchNormalization(
+        return FusedBatchNormalization(
             momentum=self.bn_momentum, epsilon=self.bn_epsilon,
             name=f"{self.name}_{name}", dtype=self.dtype_policy)
 
@@ -416,7 +433,7 @@ class ResidualUnit(keras.layers.Layer):
             stochastic_depth_rate=self.stochastic_depth_rate, use_bias=self.use_bias,
             bn_momentum=self.bn_momentum, bn_epsilon=self.bn_epsilon,
             kernel_initializer=(None if self._kernel_initializer_arg is None
-                                else keras.initializers.serialize(self.kernel_initializer)),
+                                else initializers.serialize(self.kernel_initializer)),
             kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer)
             if self.kernel_regularizer is not None else None,
             seed=self.seed)

@@ -8,3 +8,5 @@ from keras_identity.models.resnet import preact_resnet
 from keras_identity.models.resnet import resnet
 from keras_identity.models.resnet import resolve_depth
 from keras_identity.models.stage import residual_stage
+from keras_identity.models.stage import STAGE_MODES
+from keras_identity.models.stage import transfer_weights

@@ -30,6 +30,8 @@ from keras_identity.layers.residual_unit import BOTTLENECK_EXPANSION
 from keras_identity.layers.residual_unit import PREACTIVATION_UNITS
 from keras_identity.layers.residual_unit import SHORTCUTS
 from keras_identity.layers.residual_unit import UNITS
+from keras_identity.layers.fused_batch_normalization import FusedBatchNormalization
+from keras_identity.models.stage import STAGE_MODES
 from keras_identity.models.stage import residual_stage
 
 DATASETS = ("cifar10", "cifar100", "imagenet", "mnist")
@@ -134,7 +136,7 @@ def _classifier(x, num_classes, classifier_activation, kernel_regularizer, seed)
 
 
 def _bn(name, momentum, epsilon):
-    return keras.layers.BatchNormalization(momentum=momentum, epsilon=epsilon, name=name)
+    return FusedBatchNormalization(momentum=momentum, epsilon=epsilon, name=name)
 
 
 def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity",
@@ -142,7 +144,8 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
            shortcut_scale=0.5, scale_residual=False, gate_bias_init=0.0,
            shortcut_dropout_rate=0.5, stochastic_depth_rate=0.0, stride_on_1x1=True,
            include_top=True, classifier_activation="softmax", kernel_regularizer=None,
-           bn_momentum=0.9, bn_epsilon=1e-5, seed=None, name=None):
+           bn_momentum=0.9, bn_epsilon=1e-5, stage_mode="auto", recompute=False, seed=None,
+           name=None):
     """Builds a ResNet of ``depth`` layers from :class:`ResidualUnit` layers.
 
     Args:
@@ -173,6 +176,20 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
         kernel_regularizer: regularizer of every kernel (e.g. weight decay).
         bn_momentum, bn_epsilon: BatchNormalization settings (Torch's 0.9 and
             1e-5, as the authors' code).
+        stage_mode: how each stage's units are realised: ``"unrolled"`` (one
+            :class:`ResidualUnit` layer per unit), ``"scan"`` (the units after
+            the first in one :class:`ResidualStack` that loops over stacked
+            weights: build, trace and XLA compile time stay flat in depth) or
+            ``"auto"``, the default (scan for stages of at least 12 units
+            with identity shortcuts and no stochastic depth: CIFAR ResNet-110,
+            -164, -1001, the long third stage of ImageNet ResNet-101/152/200;
+            unrolled otherwise).  Build with ``"unrolled"`` to look inside
+            each unit (``keras_identity.analysis``).  The forms compute the same function and
+            exchange weights with :func:`transfer_weights`.
+        recompute: keep only each looped unit's input for the backward pass
+            and recompute its activations there (``tf.recompute_grad``), so
+            ResNet-1001 trains at larger batches in the same memory; it loops
+            every stage (``stage_mode="unrolled"`` is then an error).
         seed: seed for initialisers and random masks (reproducible builds).
         name: model name (default e.g. ``"preact_resnet164"``).
 
@@ -194,6 +211,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     input_shape = _check_input_shape(input_shape, dataset)
     _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
                         high_inclusive=False)
+    _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
     if keras.config.image_data_format() != "channels_last":
         raise ValueError("keras_identity models need keras.config.image_data_format() == "
                          "'channels_last'.")
@@ -241,7 +259,8 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
         first = {"preactivation": first_preactivation[index]} if preact else None
         x = residual_stage(x, stage=index + 1, num_units=n, filters=width * expansion,
                            strides=stride, unit_kwargs=unit_kwargs,
-                           first_unit_kwargs=first, stochastic_depth_rates=rates)
+                           first_unit_kwargs=first, stochastic_depth_rates=rates,
+                           stage_mode=stage_mode, recompute=recompute)
         done += n
     if preact:
         if unit == "full_preactivation":

@@ -1,15 +1,78 @@
 """The one place where models create their residual units.
 
-Every ResNet builder adds its stages through :func:`residual_stage`, so the
-way a stage of ``num_units`` units is realised (one layer per unit today)
-can change without touching the builders.
+Every ResNet builder adds its stages through :func:`residual_stage`, which
+realises a stage of ``num_units`` units in one of two exchangeable forms
+(``stage_mode``):
+
+* ``"unrolled"``: one :class:`ResidualUnit` layer per unit
+  (``stage2_unit3``), the form every analysis tool can look inside;
+* ``"scan"``: the first unit (the one that changes shape) as a
+  :class:`ResidualUnit`, the other ``num_units - 1`` as one
+  :class:`ResidualStack` (``stage2_units2to18``) that loops over stacked
+  weights, so building, tracing and compiling do not grow with depth.
+
+:func:`transfer_weights` copies weights between models of either form.
 """
 
+import numpy as np
+
+from keras_identity import _checks
+from keras_identity.layers.residual_stack import ResidualStack
 from keras_identity.layers.residual_unit import ResidualUnit
+
+STAGE_MODES = ("unrolled", "scan", "auto")
+# "auto" loops over a stage from this many units on (ResNet-110 and -164
+# have 18 per stage, ResNet-1001 has 111); see the README's Performance
+# section for the measurements behind the default.
+AUTO_SCAN_MIN_UNITS = 12
+_STACK_ARGS = ("block", "unit", "use_bias", "bn_momentum", "bn_epsilon",
+               "kernel_initializer", "kernel_regularizer")
+
+
+def scan_unsupported_reason(unit_kwargs, stochastic_depth_rates=None):
+    """Why a stage with these unit arguments cannot be looped, or ``None``."""
+    shortcut = unit_kwargs.get("shortcut", "identity")
+    if shortcut != "identity":
+        return f"shortcut={shortcut!r} (only 'identity' shortcuts are looped)"
+    if stochastic_depth_rates is not None and any(stochastic_depth_rates):
+        return "stochastic_depth_rate > 0 (its per-unit random masks are not looped)"
+    if unit_kwargs.get("post_activation"):
+        return "post_activation=True"
+    return None
+
+
+def resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rates=None,
+                       recompute=False):
+    """Returns ``"unrolled"`` or ``"scan"`` for one stage.
+
+    ``recompute=True`` is implemented by the looped layer, so it makes
+    ``"auto"`` loop every stage of more than one unit.
+
+    Raises:
+        ValueError: for an unknown ``stage_mode``, or ``"scan"`` (or
+            ``recompute``) with a unit the loop does not support.
+    """
+    _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
+    reason = scan_unsupported_reason(unit_kwargs, stochastic_depth_rates)
+    if recompute:
+        if stage_mode == "unrolled":
+            raise ValueError("recompute=True is not valid with stage_mode='unrolled'; "
+                             "recomputation is done by the looped stages, use "
+                             "stage_mode='scan' or 'auto'.")
+        if reason is not None:
+            raise ValueError(f"recompute=True is not valid with {reason}.")
+        return "scan"
+    if stage_mode == "scan" and reason is not None:
+        raise ValueError(f"stage_mode='scan' is not valid with {reason}; use "
+                         f"stage_mode='unrolled' or 'auto'.")
+    if stage_mode == "auto":
+        return "scan" if reason is None and num_units >= AUTO_SCAN_MIN_UNITS else "unrolled"
+    return stage_mode
 
 
 def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
-                   first_unit_kwargs=None, stochastic_depth_rates=None):
+                   first_unit_kwargs=None, stochastic_depth_rates=None,
+                   stage_mode="unrolled", recompute=False):
     """Adds stage ``stage`` (1-based) of ``num_units`` residual units to ``x``.
 
     Args:
@@ -24,11 +87,17 @@ def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
         first_unit_kwargs: overrides for the first unit (the unit that changes
             shape, and that may share its pre-activation).
         stochastic_depth_rates: one drop rate per unit, or ``None``.
+        stage_mode: ``"unrolled"``, ``"scan"`` or ``"auto"`` (see the module).
+        recompute: recompute the looped units' activations in the backward
+            pass (see :class:`ResidualStack`); loops the stage.
 
     Returns:
         The stage's output.
     """
-    for index in range(num_units):
+    mode = resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rates,
+                              recompute)
+    looped = mode == "scan" and num_units > 1
+    for index in range(1 if looped else num_units):
         kwargs = dict(unit_kwargs)
         if index == 0 and first_unit_kwargs:
             kwargs.update(first_unit_kwargs)
@@ -36,4 +105,86 @@ def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
             kwargs["stochastic_depth_rate"] = stochastic_depth_rates[index]
         x = ResidualUnit(filters, strides=strides if index == 0 else 1,
                          name=f"stage{stage}_unit{index + 1}", **kwargs)(x)
+    if looped:
+        stack_kwargs = {k: unit_kwargs[k] for k in _STACK_ARGS if k in unit_kwargs}
+        x = ResidualStack(filters, num_units - 1, first_unit=2, recompute=recompute,
+                          name=f"stage{stage}_units2to{num_units}", **stack_kwargs)(x)
     return x
+
+
+# ----------------------------------------------------------------- weights
+def _unit_weight_table(model):
+    """``{(unit or layer name, weight name): array}`` for every weight.
+
+    Units of a :class:`ResidualStack` appear under the names their unrolled
+    layers have (``stage2_unit5``), so tables of both forms share keys.
+    """
+    table = {}
+    for layer in model.layers:
+        if isinstance(layer, ResidualStack):
+            prefix = layer.name.rsplit("_units", 1)[0]
+            for j in range(layer.num_units):
+                unit = f"{prefix}_unit{layer.first_unit + j}"
+                for name, value in layer.unit_weights(j).items():
+                    table[(unit, name)] = value
+        elif isinstance(layer, ResidualUnit):
+            for sub in layer.layers:
+                suffix = sub.name[len(layer.name) + 1:]
+                for w in sub.weights:
+                    table[(layer.name, f"{suffix}/{w.name}")] = np.asarray(w.numpy())
+        else:
+            for i, w in enumerate(layer.weights):
+                table[(layer.name, f"{i}/{w.name}")] = np.asarray(w.numpy())
+    return table
+
+
+def transfer_weights(source, target):
+    """Copies every weight of ``source`` into ``target``, across stage modes.
+
+    The two models must be the same network (same builder arguments) built
+    with any ``stage_mode``: a looped stage's unit ``j`` receives the weights
+    of the unrolled layer ``stage{s}_unit{j}`` and the other way round, BN
+    moving statistics included.
+
+    Raises:
+        ValueError: naming the first weight that is missing or whose shape
+            differs.
+    """
+    table = _unit_weight_table(source)
+    used = set()
+
+    def take(key, shape):
+        if key not in table:
+            raise ValueError(f"transfer_weights: the source model has no weight {key[1]!r} "
+                             f"for '{key[0]}'; are the models built with the same "
+                             f"arguments?")
+        value = table[key]
+        if tuple(value.shape) != tuple(shape):
+            raise ValueError(f"transfer_weights: weight {key[1]!r} of '{key[0]}' has shape "
+                             f"{tuple(value.shape)} in the source, {tuple(shape)} in the "
+                             f"target.")
+        used.add(key)
+        return value
+
+    for layer in target.layers:
+        if isinstance(layer, ResidualStack):
+            prefix = layer.name.rsplit("_units", 1)[0]
+            for name, variable in layer._named_variables().items():
+                unit_shape = tuple(variable.shape[1:])
+                variable.assign(np.stack([
+                    take((f"{prefix}_unit{layer.first_unit + j}", name), unit_shape)
+                    for j in range(layer.num_units)]))
+        elif isinstance(layer, ResidualUnit):
+            for sub in layer.layers:
+                suffix = sub.name[len(layer.name) + 1:]
+                for w in sub.weights:
+                    w.assign(take((layer.name, f"{suffix}/{w.name}"), w.shape))
+        else:
+            for i, w in enumerate(layer.weights):
+                w.assign(take((layer.name, f"{i}/{w.name}"), w.shape))
+    unused = sorted(set(table) - used)
+    if unused:
+        raise ValueError(f"transfer_weights: the target model has no place for "
+                         f"{len(unused)} source weights, e.g. {unused[0][1]!r} of "
+                         f"'{unused[0][0]}'; are the models built with the same arguments?")
+    return target

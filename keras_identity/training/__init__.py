@@ -14,5 +14,7 @@ from keras_identity.training.strategies import get_strategy
 from keras_identity.training.trainer import ConfigError
 from keras_identity.training.trainer import TrainConfig
 from keras_identity.training.trainer import build_model
+from keras_identity.training.trainer import build_optimizer
+from keras_identity.training.trainer import compile_model
 from keras_identity.training.trainer import prepare
 from keras_identity.training.trainer import train

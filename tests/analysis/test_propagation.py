@@ -60,3 +60,9 @@ def test_highway_layers_are_probed_and_errors(rng):
     with pytest.raises(ValueError, match="no residual units or highway layers"):
         signal_propagation(ki.models.plain_net(3, width=4),
                            rng.uniform(size=(2, 28, 28, 1)).astype("float32"))
+
+
+def test_looped_stages_are_refused_with_a_clear_error():
+    model = ki.models.preact_resnet(29, stage_mode="scan", input_shape=(8, 8, 3))
+    with pytest.raises(ValueError, match="stage_mode='unrolled'"):
+        ki.analysis.unit_layers(model)

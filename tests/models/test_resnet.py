@@ -31,7 +31,7 @@ def test_parameter_counts(build, expected):
 
 
 def test_resnet1001_builds_with_the_papers_parameters():
-    model = ki.models.preact_resnet(depth=1001)
+    model = ki.models.preact_resnet(depth=1001, stage_mode="unrolled")
     assert trainable(model) == 10_327_706
     convs_and_fc = sum(int(np.prod(w.shape)) for w in model.trainable_weights
                        if w.path.endswith("kernel"))
@@ -47,7 +47,7 @@ def test_cifar100_changes_only_the_classifier():
 # --- architecture as in the authors' code -------------------------------------
 
 def test_preact_cifar_architecture():
-    model = ki.models.preact_resnet(164)
+    model = ki.models.preact_resnet(164, stage_mode="unrolled")
     names = [l.name for l in model.layers]
     assert names[:3] == ["images", "stem_conv", "stage1_unit1"]  # bare stem conv
     assert names[-4:] == ["final_bn", "final_relu", "avg_pool", "predictions"]
@@ -92,7 +92,7 @@ def test_imagenet_nets_are_fully_convolutional():
 
 
 def test_he_initialisation_fan_out():
-    model = ki.models.preact_resnet(164, seed=3)
+    model = ki.models.preact_resnet(164, seed=3, stage_mode="unrolled")
     kernel = np.asarray(model.get_layer("stage3_unit5").convs[1].kernel)  # 3x3, 64 out
     assert kernel.std() == pytest.approx(np.sqrt(2.0 / (3 * 3 * 64)), rel=0.05)
     assert abs(kernel.mean()) < 0.01

@@ -15,3 +15,132 @@ def test_stage_names_strides_and_first_unit_overrides():
     assert [u.preactivation for u in units] == ["shared", "residual", "residual"]
     assert [u.stochastic_depth_rate for u in units] == [0.1, 0.2, 0.3]
     assert out.shape == (None, 8, 8, 32)
+
+
+# --- looped ("scan") stages ----------------------------------------------------
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_identity as ki  # noqa: E402
+from keras_identity.layers import ResidualStack  # noqa: E402
+from keras_identity.layers import ResidualUnit  # noqa: E402
+from keras_identity.models import transfer_weights  # noqa: E402
+
+
+def _trainable(model):
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+def test_scan_stage_names_and_shapes():
+    inputs = keras.Input((16, 16, 16))
+    out = residual_stage(inputs, stage=2, num_units=5, filters=32, strides=2,
+                         unit_kwargs=dict(unit="full_preactivation"),
+                         first_unit_kwargs=dict(preactivation="shared"), stage_mode="scan")
+    model = keras.Model(inputs, out)
+    assert [l.name for l in model.layers][1:] == ["stage2_unit1", "stage2_units2to5"]
+    stack = model.get_layer("stage2_units2to5")
+    assert stack.num_units == 4 and stack.first_unit == 2
+    assert out.shape == (None, 8, 8, 32)
+
+
+@pytest.mark.parametrize("depth, expected", [(164, 1_703_258), (1001, 10_327_706)])
+def test_scan_models_have_the_papers_parameter_counts(depth, expected):
+    model = ki.models.preact_resnet(depth, stage_mode="scan")
+    assert _trainable(model) == expected
+    # The graph does not grow with depth: 3 units and 3 stacks at any depth.
+    assert len([l for l in model.layers if isinstance(l, ResidualUnit)]) == 3
+    assert len([l for l in model.layers if isinstance(l, ResidualStack)]) == 3
+
+
+def test_auto_mode_loops_deep_stages_only():
+    deep = ki.models.preact_resnet(164)
+    assert isinstance(deep.get_layer("stage2_units2to18"), ResidualStack)
+    shallow = ki.models.resnet(20)
+    assert isinstance(shallow.get_layer("stage2_unit3"), ResidualUnit)
+    gated = ki.models.resnet(164, shortcut="exclusive_gating")
+    assert isinstance(gated.get_layer("stage2_unit18"), ResidualUnit)
+
+
+@pytest.mark.parametrize("unit", ["full_preactivation", "original"])
+def test_transfer_weights_both_ways_same_outputs(unit):
+    kwargs = dict(unit=unit, input_shape=(8, 8, 3), seed=0)
+    unrolled = ki.models.resnet(29, stage_mode="unrolled", **kwargs)
+    looped = ki.models.resnet(29, stage_mode="scan", seed=1,
+                              **{k: v for k, v in kwargs.items() if k != "seed"})
+    assert _trainable(unrolled) == _trainable(looped)
+    x = np.random.default_rng(0).normal(size=(3, 8, 8, 3)).astype("float32")
+    assert not np.allclose(unrolled(x), looped(x))
+    transfer_weights(unrolled, looped)
+    np.testing.assert_allclose(looped(x, training=False), unrolled(x, training=False),
+                               rtol=1e-5, atol=1e-6)
+    back = ki.models.resnet(29, stage_mode="unrolled", seed=5,
+                            **{k: v for k, v in kwargs.items() if k != "seed"})
+    transfer_weights(looped, back)
+    for a, b in zip(unrolled.weights, back.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_transfer_weights_rejects_different_networks():
+    a = ki.models.preact_resnet(29, stage_mode="scan", input_shape=(8, 8, 3))
+    b = ki.models.preact_resnet(38, stage_mode="scan", input_shape=(8, 8, 3))
+    with pytest.raises(ValueError, match="transfer_weights"):
+        transfer_weights(a, b)
+
+
+def test_scan_model_trains_like_unrolled_with_fit():
+    kwargs = dict(input_shape=(8, 8, 3))
+    unrolled = ki.models.preact_resnet(29, stage_mode="unrolled", seed=0, **kwargs)
+    looped = ki.models.preact_resnet(29, stage_mode="scan", seed=1, **kwargs)
+    transfer_weights(unrolled, looped)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 10, size=16)
+    losses = []
+    for model in (unrolled, looped):
+        model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+        losses.append(model.fit(x, y, batch_size=8, epochs=2, shuffle=False,
+                                verbose=0).history["loss"])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-4)
+    np.testing.assert_allclose(looped.predict(x, verbose=0), unrolled.predict(x, verbose=0),
+                               rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_scan_model_trains_with_xla(recompute):
+    model = ki.models.preact_resnet(29, stage_mode="scan", recompute=recompute,
+                                    input_shape=(8, 8, 3), seed=0)
+    assert model.get_layer("stage1_units2to3").recompute == recompute
+    model.compile(keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy",
+                  jit_compile=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 10, size=8)
+    loss = model.fit(x, y, batch_size=8, epochs=3, verbose=0).history["loss"]
+    assert np.all(np.isfinite(loss)) and loss[-1] < loss[0]
+
+
+def test_scan_model_keras_and_savedmodel_round_trip(tmp_path):
+    model = ki.models.preact_resnet(29, stage_mode="scan", input_shape=(8, 8, 3), seed=0)
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
+    expected = model.predict(x, verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras", safe_mode=True)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-6)
+    model.export(str(tmp_path / "saved"), verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "saved"))
+    np.testing.assert_allclose(served.serve(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(stage_mode="looped"), "stage_mode"),
+    (dict(stage_mode="scan", shortcut="exclusive_gating"), "stage_mode='scan'.*shortcut"),
+    (dict(stage_mode="scan", stochastic_depth_rate=0.1), "stochastic_depth"),
+    (dict(stage_mode="unrolled", recompute=True), "recompute=True.*unrolled"),
+])
+def test_bad_stage_mode_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ki.models.resnet(29, **kwargs)
+

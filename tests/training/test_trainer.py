@@ -123,6 +123,9 @@ def test_cifar_recipe_applies_augmentation_and_per_pixel_mean(tmp_path, cifar_li
     (dict(batch_size=0), ["batch_size=0"]),
     (dict(jit_compile=True, deterministic=True), ["exclusive", "XLA"]),
     (dict(model="plain_net", gate_bias_init=-1.0), ["gate_bias_init"]),
+    (dict(stage_mode="looped"), ["stage_mode='looped'", "'scan'"]),
+    (dict(model="preact_resnet", stage_mode="unrolled", recompute=True),
+     ["recompute=True", "unrolled"]),
 ])
 def test_bad_configurations(kwargs, words):
     with pytest.raises(ConfigError) as error:
@@ -143,3 +146,24 @@ def test_defaults_train_the_highway_paper_net():
     assert (config.model, config.resolved_depth, config.dataset) == ("highway_net", 50, "mnist")
     assert config.resolved_recipe == "highway_mnist"
     assert Normalization("scale").mode == "scale"
+
+
+def test_compile_model_builds_the_optimizer_so_the_step_is_traced_once():
+    model = ki.models.preact_resnet(20, input_shape=(8, 8, 3), seed=0)
+    ki.training.compile_model(model, keras.optimizers.SGD(0.1, momentum=0.9))
+    assert model.optimizer.built
+    # one momentum slot per trainable weight, created before any step
+    slots = [v for v in model.optimizer.variables if "momentum" in v.path]
+    assert len(slots) == len(model.trainable_variables)
+    traces = []
+    step = model.train_step
+
+    def counting_step(data):
+        traces.append(1)
+        return step(data)
+
+    model.train_step = counting_step
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(4, 8, 8, 3)).astype("float32"), rng.integers(0, 10, 4),
+              batch_size=4, epochs=2, verbose=0)
+    assert len(traces) == 1  # Keras alone (optimizer built in the step) traces twice

@@ -1,0 +1,314 @@
+"""Training speed, start-up time and memory of deep pre-activation ResNets.
+
+For each model and stage mode it measures, each in a fresh process (so peak
+memory and start-up are those of that configuration alone): the time to
+build the Keras model, the time of the first ``model.fit`` step (tracing,
+and compiling where XLA is on), steady-state training images/s, and the
+process's peak resident memory; then the same for a PyTorch rebuild of the
+same network (same parameter count, checked) in the same run, and the
+ratio.  Prints a Markdown table naming the machine and writes JSON.
+
+    python -m benchmarks.run                                  # the README table
+    python -m benchmarks.run --models=preact_resnet164 --modes=unrolled,scan
+    python -m benchmarks.run --mixed_precision --jit_compile   # on a GPU
+
+PyTorch comes with the optional extra: ``pip install -e ".[bench]"``; without
+it (or with ``--notorch``) the reference columns are left empty.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from benchmarks import machine
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["preact_resnet164", "preact_resnet1001"],
+                  "CIFAR bottleneck pre-activation ResNets, preact_resnet<9n+2>.")
+flags.DEFINE_list("modes", ["unrolled", "scan", "scan_recompute"],
+                  "Keras stage modes: unrolled, scan, scan_recompute (scan with the "
+                  "units' activations recomputed in the backward pass).")
+flags.DEFINE_list("batch_sizes", ["preact_resnet164:64", "preact_resnet1001:16"],
+                  "Training batch size per model, model:batch (default 32).")
+flags.DEFINE_integer("steps", 6, "Steady-state training steps timed (after the warm-up).")
+flags.DEFINE_integer("warmup", 2, "Training steps after the first, not timed.")
+flags.DEFINE_boolean("torch", True, "Also measure the PyTorch rebuild.")
+flags.DEFINE_boolean("jit_compile", False, "Compile the Keras train step with XLA.")
+flags.DEFINE_boolean("mixed_precision", False,
+                     "mixed_bfloat16 (TPU/CPU) or mixed_float16 (GPU) for Keras, autocast "
+                     "for PyTorch.")
+flags.DEFINE_float("peak_tflops", None, "Peak TFLOP/s of the device, for model FLOP "
+                   "utilisation (default: known GPUs only).")
+flags.DEFINE_boolean("build_optimizer", True,
+                     "Create the optimizer's variables before the first step, as "
+                     "keras_identity's trainer does (--nobuild_optimizer: plain compile + fit).")
+flags.DEFINE_integer("timeout_s", 1800, "Time limit of one measurement.")
+flags.DEFINE_string("output_json", "benchmarks/results/latest.json", "Where to write JSON.")
+flags.DEFINE_string("worker", None, "Internal: run one measurement, framework:model:mode:batch.")
+
+# Dense bf16/fp16 tensor-core peaks (TFLOP/s) for model FLOP utilisation.
+_KNOWN_PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "V100": 125.0, "T4": 65.0,
+                "L4": 121.0}
+MODES = ("unrolled", "scan", "scan_recompute")
+
+
+def _depth(model):
+    prefix = "preact_resnet"
+    if not model.startswith(prefix) or not model[len(prefix):].isdigit():
+        raise ValueError(f"--models: {model!r} is not valid; expected preact_resnet<depth> "
+                         f"with depth = 9n+2 (e.g. preact_resnet164).")
+    depth = int(model[len(prefix):])
+    if depth < 11 or (depth - 2) % 9:
+        raise ValueError(f"--models: {model!r} is not valid; the bottleneck CIFAR nets need "
+                         f"depth = 9n+2 (e.g. 164, 1001).")
+    return depth
+
+
+def forward_flops(depth, image=32):
+    """Multiply-adds x 2 of one forward pass of the CIFAR bottleneck net."""
+    n = (depth - 2) // 9
+    macs = image * image * 9 * 3 * 16
+    channels, size = 16, image
+    for width, stride in zip((16, 32, 64), (1, 2, 2)):
+        size //= stride
+        area = size * size
+        macs += area * (channels * width + 9 * width * width + width * 4 * width)
+        macs += area * channels * 4 * width  # the first unit's projection
+        macs += (n - 1) * area * (4 * width * width + 9 * width * width + width * 4 * width)
+        channels = 4 * width
+    return 2 * (macs + channels * 10)
+
+
+def _peak_rss_mb():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# --------------------------------------------------------------- measurement
+def _measure_keras(depth, mode, batch, steps, warmup):
+    import numpy as np
+    import keras
+
+    import keras_identity as ki
+
+    if FLAGS.mixed_precision:
+        import tensorflow as tf
+
+        gpu = bool(tf.config.list_physical_devices("GPU"))
+        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+    keras.utils.set_random_seed(0)
+    start = time.perf_counter()
+    stage_mode, recompute = ("scan", True) if mode == "scan_recompute" else (mode, False)
+    model = ki.models.preact_resnet(depth, stage_mode=stage_mode, recompute=recompute)
+    build_s = time.perf_counter() - start
+    params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss="sparse_categorical_crossentropy", jit_compile=FLAGS.jit_compile)
+    if FLAGS.build_optimizer:
+        ki.training.build_optimizer(model)  # as the trainer does: one trace, not two
+    rng = np.random.default_rng(0)
+    total = steps + warmup + 1
+    x = rng.normal(size=(batch * total, 32, 32, 3)).astype("float32")
+    y = rng.integers(0, 10, size=(batch * total,))
+
+    times = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch_index, logs=None):
+            times.append(time.perf_counter())
+
+    start = time.perf_counter()
+    model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
+    first_step_s = time.perf_counter() - start
+    times.append(time.perf_counter())
+    model.fit(x[batch:], y[batch:], batch_size=batch, epochs=1, verbose=0,
+              callbacks=[Clock()])
+    timed = times[warmup:]
+    images_per_s = batch * (len(timed) - 1) / (timed[-1] - timed[0])
+    return dict(params=params, build_s=build_s, first_step_s=first_step_s,
+                images_per_s=images_per_s)
+
+
+def _measure_torch(depth, batch, steps, warmup, expected_parameters):
+    import torch
+
+    from benchmarks import torch_resnet
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    model = torch_resnet.build(depth, expected_parameters=expected_parameters)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device).train()
+    build_s = time.perf_counter() - start
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.float16 if device == "cuda" else torch.bfloat16,
+                            enabled=FLAGS.mixed_precision):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    step()
+    first_step_s = time.perf_counter() - start
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    images_per_s = batch * steps / (time.perf_counter() - start)
+    return dict(params=torch_resnet.count_parameters(model), build_s=build_s,
+                first_step_s=first_step_s, images_per_s=images_per_s)
+
+
+def _worker(spec):
+    framework, model, mode, batch, params = spec.split(":")
+    depth, batch = _depth(model), int(batch)
+    if framework == "keras":
+        result = _measure_keras(depth, mode, batch, FLAGS.steps, FLAGS.warmup)
+    else:
+        result = _measure_torch(depth, batch, FLAGS.steps, FLAGS.warmup,
+                                int(params) if params else None)
+    result["peak_memory_mb"] = _peak_rss_mb()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _run_worker(framework, model, mode, batch, params=None):
+    args = [sys.executable, "-m", "benchmarks.run",
+            f"--worker={framework}:{model}:{mode}:{batch}:{params or ''}",
+            f"--steps={FLAGS.steps}", f"--warmup={FLAGS.warmup}",
+            f"--{'' if FLAGS.jit_compile else 'no'}jit_compile",
+            f"--{'' if FLAGS.mixed_precision else 'no'}mixed_precision",
+            f"--{'' if FLAGS.build_optimizer else 'no'}build_optimizer"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    print(f"  {framework} {model} {mode} batch {batch} ...", flush=True)
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, env=env,
+                              timeout=FLAGS.timeout_s)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"over --timeout_s={FLAGS.timeout_s}")
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return dict(error=f"exit {done.returncode}: {tail[:200]}")
+
+
+def _batch_sizes():
+    sizes = {}
+    for item in FLAGS.batch_sizes:
+        model, _, batch = item.partition(":")
+        if not batch.isdigit() or int(batch) < 1:
+            raise ValueError(f"--batch_sizes: {item!r} is not valid; expected model:batch "
+                             f"with a positive batch (e.g. preact_resnet164:64).")
+        sizes[model] = int(batch)
+    return sizes
+
+
+def _peak_tflops(description):
+    if FLAGS.peak_tflops:
+        return FLAGS.peak_tflops
+    for name, peak in _KNOWN_PEAKS.items():
+        if f" {name}" in description and "GPU" in description:
+            return peak
+    return None
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv):
+    del argv
+    if FLAGS.worker:
+        _worker(FLAGS.worker)
+        return
+    try:
+        depths = {model: _depth(model) for model in FLAGS.models}
+        batches = _batch_sizes()
+        for mode in FLAGS.modes:
+            if mode not in MODES:
+                raise ValueError(f"--modes: {mode!r} is not valid; expected some of "
+                                 f"{', '.join(MODES)}.")
+        if FLAGS.steps < 2:
+            raise ValueError(f"--steps={FLAGS.steps} is not valid; expected at least 2.")
+    except ValueError as error:
+        sys.exit(f"benchmarks.run: {error}")
+    if FLAGS.torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            sys.exit("benchmarks.run: PyTorch is not installed; pip install -e \".[bench]\" "
+                     "or pass --notorch.")
+    description = machine.describe()
+    peak = _peak_tflops(description)
+    print(f"Benchmark on {description}", flush=True)
+    rows = []
+    for model, depth in depths.items():
+        batch = batches.get(model, 32)
+        keras_rows = []
+        for mode in FLAGS.modes:
+            result = _run_worker("keras", model, mode, batch)
+            keras_rows.append(dict(model=model, mode=mode, batch=batch, **result))
+        reference = None
+        if FLAGS.torch:
+            params = next((r["params"] for r in keras_rows if "params" in r), None)
+            reference = _run_worker("torch", model, "eager", batch, params)
+            reference.update(model=model, mode="PyTorch eager", batch=batch)
+        flops = 3 * forward_flops(depth)  # forward + backward per image
+        for row in keras_rows + ([reference] if reference else []):
+            speed = row.get("images_per_s")
+            row["tflops_per_s"] = speed * flops / 1e12 if speed else None
+            row["mfu"] = row["tflops_per_s"] / peak if speed and peak else None
+            ref = reference.get("images_per_s") if reference else None
+            row["vs_pytorch"] = speed / ref if speed and ref else None
+            rows.append(row)
+
+    columns = [("model", "model", "{}"), ("mode", "mode", "{}"), ("batch", "batch", "{}"),
+               ("params", "params", ",d"), ("build_s", "build (s)", ".1f"),
+               ("first_step_s", "first step (s)", ".1f"),
+               ("start_s", "build + first step (s)", ".1f"),
+               ("images_per_s", "img/s", ".1f"), ("vs_pytorch", "x PyTorch", ".2f"),
+               ("peak_memory_mb", "peak memory (MB)", ",.0f"),
+               ("tflops_per_s", "TFLOP/s", ".3f")]
+    if peak:
+        columns.append(("mfu", "MFU", ".1%"))
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |",
+             "|" + "|".join(" --- " for _ in columns) + "|"]
+    for row in rows:
+        if "build_s" in row and "first_step_s" in row:
+            row["start_s"] = row["build_s"] + row["first_step_s"]
+        cells = [_fmt(row.get(key), spec) if spec != "{}" else str(row.get(key, "-"))
+                 for key, _, spec in columns]
+        if "error" in row:
+            cells[4] = f"failed: {row['error']}"
+        lines.append("| " + " | ".join(cells) + " |")
+    settings = (f"steps {FLAGS.steps} after {FLAGS.warmup} warm-up, XLA "
+                f"{'on' if FLAGS.jit_compile else 'off'}, mixed precision "
+                f"{'on' if FLAGS.mixed_precision else 'off'}, optimizer built "
+                f"{'before fit' if FLAGS.build_optimizer else 'in the first step'}")
+    print(f"\nMachine: {description}; {settings}\n")
+    print("\n".join(lines), flush=True)
+    if FLAGS.output_json:
+        os.makedirs(os.path.dirname(FLAGS.output_json) or ".", exist_ok=True)
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(dict(machine=description, settings=settings, peak_tflops=peak,
+                           date=time.strftime("%Y-%m-%d"), rows=rows), f, indent=2)
+        print(f"\nWrote {FLAGS.output_json}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,296 @@
+"""A run of identical Residual Units computed by one loop over stacked weights.
+
+A stage of a deep ResNet is one unit that changes shape followed by ``n - 1``
+units of the same shape (He et al. 2016, Eqn. 4: ``x_L = x_l + sum F(x_i)``).
+Built as ``n - 1`` layers, the traced graph, the XLA program and the time to
+build, trace and compile all grow with depth: ResNet-1001 has 333 units.
+:class:`ResidualStack` holds the weights of those units stacked along a
+leading axis of length ``num_units`` and applies them with a single
+``tf.while_loop``, so the graph of a stage has the size of one unit
+whatever its depth (the idea of Flax's ``nn.scan``).  The computation is the
+same as ``num_units`` :class:`ResidualUnit` layers; ``keras_identity.models.
+transfer_weights`` moves weights between the two forms.
+"""
+
+import keras
+from keras import ops
+import tensorflow as tf
+
+from keras_identity import _checks
+from keras_identity import initializers
+from keras_identity.layers.fused_batch_normalization import fused_batch_norm
+from keras_identity.layers.residual_unit import BLOCKS
+from keras_identity.layers.residual_unit import check_widths
+from keras_identity.layers.residual_unit import set_weight_arguments
+from keras_identity.layers.residual_unit import UNITS
+
+_WEIGHT_KINDS = ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance")
+
+
+@keras.saving.register_keras_serializable(package="keras_identity")
+class ResidualStack(keras.layers.Layer):
+    """``num_units`` identical Residual Units (Eqns. 1-2, 4) in one loop.
+
+    Every unit has an identity shortcut, stride 1 and as many input as output
+    channels; each computes ``x_{l+1} = f(x_l + F(x_l))`` with F and f as in
+    :class:`ResidualUnit` for the same ``unit`` and ``block`` (Fig. 4):
+    ``full_preactivation`` is Eqn. (9), ``x_{l+1} = x_l + F(f^(x_l))``.  The
+    weights of unit ``j`` are slice ``j`` of each stacked variable
+    (``conv2_kernel`` has shape ``(num_units, 3, 3, d, d)``), so the layer's
+    graph (and XLA program) does not grow with ``num_units``.
+
+    In training, each unit's BatchNormalization uses its batch moments and
+    the moving statistics of all units are updated after the loop with the
+    rule of ``keras.layers.BatchNormalization``
+    (``moving = moving * momentum + batch * (1 - momentum)``); at inference
+    the moving statistics are used.
+
+    Args:
+        filters: channels of the units' input and output (for bottlenecks,
+            the expanded width 4d).
+        num_units: number of units in the stack.
+        block: ``"basic"``, ``"bottleneck"`` or ``"single"``.
+        unit: the Fig. 4 ordering (as :class:`ResidualUnit`).
+        first_unit: the 1-based index of the first unit in its stage; unit
+            ``j`` of the stack corresponds to the unrolled layer
+            ``stage{s}_unit{first_unit + j}`` (used by ``transfer_weights``).
+        bottleneck_width: width d of a bottleneck's 1x1/3x3 layers
+            (default ``filters // 4``).
+        kernel_size: size of the spatial convolutions.
+        use_bias: give the convolutions biases.
+        bn_momentum, bn_epsilon: BatchNormalization settings.
+        kernel_initializer: applied to each unit's kernel separately (so
+            fan-in/fan-out are those of one unit); default He normal with
+            fan-out, as :class:`ResidualUnit`.
+        kernel_regularizer: applied to every stacked kernel (a sum over
+            units, as for the unrolled layers with an additive penalty).
+        recompute: keep only each unit's input for the backward pass and
+            recompute the unit's activations there (``tf.recompute_grad``):
+            activation memory of a stage falls from about ten feature maps
+            per unit to one, for one more forward pass of compute.
+    """
+
+    def __init__(self, filters, num_units, *, block="basic", unit="full_preactivation",
+                 first_unit=2, bottleneck_width=None, kernel_size=3, use_bias=False,
+                 bn_momentum=0.9, bn_epsilon=1e-5, kernel_initializer=None,
+                 kernel_regularizer=None, recompute=False, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = _checks.check_positive_int("filters", filters)
+        self.num_units = _checks.check_positive_int("num_units", num_units)
+        self.block = _checks.check_choice("block", block, BLOCKS)
+        self.unit = _checks.check_choice("unit", unit, UNITS)
+        self.first_unit = _checks.check_positive_int("first_unit", first_unit)
+        self.bottleneck_width, self.kernel_size = check_widths(filters, bottleneck_width,
+                                                               kernel_size)
+        set_weight_arguments(self, use_bias=use_bias, bn_momentum=bn_momentum,
+                             bn_epsilon=bn_epsilon, kernel_initializer=kernel_initializer,
+                             kernel_regularizer=kernel_regularizer)
+        self.recompute = bool(recompute)
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(f"{type(self).__name__} needs the TensorFlow backend; the "
+                             f"backend is {keras.backend.backend()!r}.")
+
+    # ------------------------------------------------------------------ build
+    def _weight_plan(self):
+        """(kernel size, input channels, output channels) of each layer of F."""
+        k, c, d = self.kernel_size, self.filters, self.bottleneck_width
+        if self.block == "basic":
+            return [(k, c, c), (k, c, c)]
+        if self.block == "single":
+            return [(k, c, c)]
+        return [(1, c, d), (k, d, d), (1, d, c)]
+
+    def _bn_channels(self):
+        """Name and channels of each stacked BatchNormalization, in unit order."""
+        plan = self._weight_plan()
+        if self.unit == "full_preactivation":
+            return [(f"bn{i + 1}", cin) for i, (_, cin, _) in enumerate(plan)]
+        # After each convolution; for bn_after_addition the last one follows
+        # the addition (it has the unit's output channels all the same).
+        return [(f"bn{i + 1}", cout) for i, (_, _, cout) in enumerate(plan)]
+
+    def _stacked_kernel(self, shape):
+        """Initialises each unit's kernel as ``kernel_initializer`` would."""
+        init = self.kernel_initializer
+
+        def initializer(stacked_shape, dtype=None):
+            n = stacked_shape[0]
+            if isinstance(init, keras.initializers.VarianceScaling):
+                # One draw for all units: with the units' kernels stacked on
+                # the first receptive-field axis both fans grow n-fold, which
+                # ``scale * n`` undoes (per-unit draws cost seconds at depth 1001).
+                combined = keras.initializers.VarianceScaling(
+                    scale=init.scale * n, mode=init.mode, distribution=init.distribution,
+                    seed=init.seed)
+                values = combined((n * shape[0],) + tuple(shape[1:]), dtype=dtype)
+                return ops.reshape(values, stacked_shape)
+            return ops.stack([init(shape, dtype=dtype) for _ in range(n)])
+        return initializer
+
+    def build(self, input_shape):
+        shape = _checks.check_rank(type(self).__name__, input_shape, (4,),
+                                   "(batch, height, width, channels)")
+        if shape[-1] != self.filters:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}' needs inputs with filters="
+                f"{self.filters} channels (its units keep the shape); got input_shape="
+                f"{tuple(shape)}.")
+        n = self.num_units
+        self.conv_kernels, self.conv_biases = [], []
+        for i, (k, cin, cout) in enumerate(self._weight_plan()):
+            self.conv_kernels.append(self.add_weight(
+                name=f"conv{i + 1}_kernel", shape=(n, k, k, cin, cout),
+                initializer=self._stacked_kernel((k, k, cin, cout)),
+                regularizer=self.kernel_regularizer))
+            self.conv_biases.append(self.add_weight(
+                name=f"conv{i + 1}_bias", shape=(n, cout), initializer="zeros")
+                if self.use_bias else None)
+        self.bn_weights = []
+        for name, c in self._bn_channels():
+            self.bn_weights.append((
+                self.add_weight(name=f"{name}_gamma", shape=(n, c), initializer="ones",
+                                autocast=False),
+                self.add_weight(name=f"{name}_beta", shape=(n, c), initializer="zeros",
+                                autocast=False),
+                self.add_weight(name=f"{name}_moving_mean", shape=(n, c),
+                                initializer="zeros", trainable=False, autocast=False),
+                self.add_weight(name=f"{name}_moving_variance", shape=(n, c),
+                                initializer="ones", trainable=False, autocast=False)))
+
+    # ------------------------------------------------------------------- call
+    def _unit(self, x, kernels, biases, bns, training):
+        """One unit given its weights; returns the output and BN moments."""
+        moments = []
+
+        def bn(index, t):
+            gamma, beta, mean, variance = bns[index]
+            y, m = fused_batch_norm(t, gamma, beta, mean, variance, self.bn_epsilon,
+                                    training)
+            moments.append(m)
+            return y
+
+        def conv(index, t):
+            y = ops.conv(t, kernels[index], strides=1, padding="same")
+            return y if biases[index] is None else y + biases[index]
+
+        last = len(kernels) - 1
+        r = x
+        for i in range(len(kernels)):
+            if self.unit == "full_preactivation":
+                r = conv(i, ops.relu(bn(i, r)))
+            elif self.unit == "relu_only_preactivation":
+                r = bn(i, conv(i, ops.relu(r)))
+            else:
+                r = conv(i, r)
+                if self.unit == "bn_after_addition" and i == last:
+                    break
+                r = bn(i, r)
+                if i < last or self.unit == "relu_before_addition":
+                    r = ops.relu(r)
+        y = x + r
+        if self.unit == "original":
+            y = ops.relu(y)
+        elif self.unit == "bn_after_addition":
+            y = ops.relu(bn(last, y))
+        return y, moments
+
+    def call(self, inputs, training=None):
+        training = bool(training) and self.trainable
+        dtype = self.compute_dtype
+        kernels = [ops.cast(k, dtype) for k in self.conv_kernels]
+        biases = [None if b is None else ops.cast(b, dtype) for b in self.conv_biases]
+        bns = [tuple(ops.convert_to_tensor(w) for w in ws) for ws in self.bn_weights]
+        n = self.num_units
+        # The batch moments of every unit, filled in by the loop.
+        stats = tuple(ops.zeros((n, ws[0].shape[-1]), "float32")
+                      for ws in bns for _ in range(2)) if training else ()
+
+        def unit(x, *weights):
+            # One unit as a function of tensors only (what recompute_grad needs).
+            it = iter(weights)
+            unit_kernels = [next(it) for _ in kernels]
+            unit_biases = [None if b is None else next(it) for b in biases]
+            unit_bns = [tuple(next(it) for _ in range(4)) for _ in bns]
+            y, moments = self._unit(x, unit_kernels, unit_biases, unit_bns, training)
+            flat = [ops.stop_gradient(m) for pair in moments for m in pair] if training else []
+            return (y, *flat)
+
+        if self.recompute and training:
+            unit = tf.recompute_grad(unit)
+
+        def body(j, carry):
+            x, acc = carry
+            weights = [k[j] for k in kernels] + [b[j] for b in biases if b is not None]
+            weights += [w[j] for ws in bns for w in ws]
+            y, *flat = unit(x, *weights)
+            if training:
+                # Row j of each accumulator (a one-hot sum rather than a
+                # slice update, which has no gradient inside a TF while loop).
+                row = ops.expand_dims(ops.one_hot(j, n, dtype="float32"), 1)
+                acc = tuple(a + row * ops.expand_dims(m, 0) for a, m in zip(acc, flat))
+            return y, acc
+
+        # tf.while_loop rather than keras.ops.fori_loop: XLA needs the trip
+        # count (maximum_iterations) to differentiate the loop.
+        _, y, stats = tf.while_loop(lambda j, *_: j < n,
+                                    lambda j, x, acc: (j + 1, *body(j, (x, acc))),
+                                    (ops.convert_to_tensor(0, "int32"), inputs, stats),
+                                    maximum_iterations=n)
+        if training:
+            momentum = self.bn_momentum
+            for index, (_, _, moving_mean, moving_variance) in enumerate(self.bn_weights):
+                mean, variance = stats[2 * index], stats[2 * index + 1]
+                moving_mean.assign(moving_mean * momentum + mean * (1.0 - momentum))
+                moving_variance.assign(
+                    moving_variance * momentum + variance * (1.0 - momentum))
+        return y
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    # ---------------------------------------------------------- weight access
+    def unit_weights(self, index):
+        """The weights of unit ``index`` (0-based) as ``{name: numpy array}``.
+
+        Names are those of the unrolled :class:`ResidualUnit`'s sub-layers
+        without the unit prefix: ``"conv1/kernel"``, ``"bn1/gamma"``, ...
+        """
+        return {name: value[index] for name, value in self._named_stacked().items()}
+
+    def set_unit_weights(self, index, weights):
+        """Sets unit ``index`` from ``{name: array}`` as :meth:`unit_weights`."""
+        for name, variable in self._named_variables().items():
+            if name not in weights:
+                raise ValueError(f"Unit {index} of '{self.name}' needs weight {name!r}; "
+                                 f"got {sorted(weights)}.")
+            value = ops.convert_to_numpy(variable).copy()
+            value[index] = weights[name]
+            variable.assign(value)
+
+    def _named_variables(self):
+        named = {}
+        for i, (kernel, bias) in enumerate(zip(self.conv_kernels, self.conv_biases)):
+            named[f"conv{i + 1}/kernel"] = kernel
+            if bias is not None:
+                named[f"conv{i + 1}/bias"] = bias
+        for (name, _), ws in zip(self._bn_channels(), self.bn_weights):
+            for kind, w in zip(_WEIGHT_KINDS[2:], ws):
+                named[f"{name}/{kind}"] = w
+        return named
+
+    def _named_stacked(self):
+        return {name: ops.convert_to_numpy(v) for name, v in self._named_variables().items()}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            filters=self.filters, num_units=self.num_units, block=self.block,
+            unit=self.unit, first_unit=self.first_unit,
+            bottleneck_width=self.bottleneck_width, kernel_size=self.kernel_size,
+            use_bias=self.use_bias, bn_momentum=self.bn_momentum, bn_epsilon=self.bn_epsilon,
+            recompute=self.recompute,
+            kernel_initializer=(None if self._kernel_initializer_arg is None
+                                else initializers.serialize(self.kernel_initializer)),
+            kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer)
+            if self.kernel_regularizer is not None else None)
+        return config

@@ -1,0 +1,176 @@
+"""ResidualStack: the looped form of a run of identical units must compute
+exactly what the unrolled ResidualUnit layers compute."""
+
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+from keras_identity.layers import ResidualStack
+from keras_identity.layers import ResidualUnit
+from keras_identity.layers.residual_unit import UNITS
+
+
+def _pair(unit, block, num_units=3, filters=8, recompute=False):
+    """An unrolled chain of units and a stack holding the same weights."""
+    inputs = keras.Input((6, 6, filters))
+    x = inputs
+    for j in range(num_units):
+        x = ResidualUnit(filters, block=block, unit=unit, name=f"stage1_unit{j + 2}")(x)
+    unrolled = keras.Model(inputs, x)
+    stack = ResidualStack(filters, num_units, block=block, unit=unit, recompute=recompute,
+                          name="stage1_units2to4")
+    looped = keras.Sequential([keras.Input((6, 6, filters)), stack])
+    for j in range(num_units):
+        layer = unrolled.get_layer(f"stage1_unit{j + 2}")
+        weights = {}
+        for sub in layer.layers:
+            for w in sub.weights:
+                weights[f"{sub.name[len(layer.name) + 1:]}/{w.name}"] = w.numpy()
+        # Make BN parameters and statistics non-trivial so that a wrong
+        # mapping shows in the outputs.
+        rng = np.random.default_rng(j)
+        for name in weights:
+            if name.startswith("bn"):
+                weights[name] = rng.uniform(0.5, 1.5, weights[name].shape).astype("float32")
+        for sub in layer.layers:
+            for w in sub.weights:
+                w.assign(weights[f"{sub.name[len(layer.name) + 1:]}/{w.name}"])
+        stack.set_unit_weights(j, weights)
+    return unrolled, looped, stack
+
+
+def _loss_and_grads(model, x, y):
+    with tf.GradientTape() as tape:
+        out = model(x, training=True)
+        loss = tf.reduce_mean(tf.square(out - y))
+    return loss, tape.gradient(loss, [out] + model.trainable_variables)[1:], out
+
+
+@pytest.mark.parametrize("unit", UNITS)
+@pytest.mark.parametrize("block", ["basic", "bottleneck", "single"])
+def test_outputs_gradients_and_bn_statistics_equal_unrolled(unit, block):
+    filters = 16 if block == "bottleneck" else 8
+    unrolled, looped, stack = _pair(unit, block, filters=filters)
+    assert looped.count_params() == unrolled.count_params()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 6, 6, filters)).astype("float32")
+    target = rng.normal(size=x.shape).astype("float32")
+
+    np.testing.assert_allclose(looped(x, training=False), unrolled(x, training=False),
+                               rtol=1e-5, atol=1e-5)
+    loss_u, grads_u, out_u = _loss_and_grads(unrolled, x, target)
+    loss_l, grads_l, out_l = _loss_and_grads(looped, x, target)
+    np.testing.assert_allclose(out_l, out_u, rtol=1e-5, atol=1e-5)
+    assert abs(float(loss_l) - float(loss_u)) < 1e-5
+    # Gradients of the stacked variables, unit by unit, against the layers'.
+    for j in range(stack.num_units):
+        layer = unrolled.get_layer(f"stage1_unit{j + 2}")
+        by_name = {f"{sub.name[len(layer.name) + 1:]}/{w.name}": g
+                   for sub in layer.layers for w in sub.trainable_weights
+                   for w2, g in zip(unrolled.trainable_variables, grads_u) if w2 is w}
+        stacked = {name: g for (name, v) in stack._named_variables().items()
+                   for v2, g in zip(looped.trainable_variables, grads_l) if v2 is v}
+        assert set(stacked) == set(by_name)
+        for name, g in by_name.items():
+            np.testing.assert_allclose(stacked[name][j], g, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"unit {j} {name}")
+    # The training call updated the moving statistics the same way.
+    for j in range(stack.num_units):
+        layer = unrolled.get_layer(f"stage1_unit{j + 2}")
+        expected = {f"{sub.name[len(layer.name) + 1:]}/{w.name}": w.numpy()
+                    for sub in layer.layers for w in sub.non_trainable_weights}
+        got = stack.unit_weights(j)
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"unit {j} {name}")
+        assert any(not np.allclose(v, 1.0) for v in expected.values())
+
+
+def test_recompute_gives_the_same_gradients():
+    unrolled, looped, _ = _pair("full_preactivation", "bottleneck", filters=16,
+                                recompute=True)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 6, 6, 16)).astype("float32")
+    target = rng.normal(size=x.shape).astype("float32")
+    _, grads_u, _ = _loss_and_grads(unrolled, x, target)
+    _, grads_l, _ = _loss_and_grads(looped, x, target)
+    total_u = sum(float(tf.reduce_sum(tf.square(g))) for g in grads_u)
+    total_l = sum(float(tf.reduce_sum(tf.square(g))) for g in grads_l)
+    assert total_u > 0
+    np.testing.assert_allclose(total_l, total_u, rtol=1e-4)
+
+
+def test_graph_size_does_not_grow_with_units():
+    def ops_in_graph(num_units):
+        layer = ResidualStack(16, num_units, block="bottleneck")
+        layer.build((None, 6, 6, 16))
+        fn = tf.function(lambda x: layer(x, training=True))
+        graph = fn.get_concrete_function(tf.TensorSpec((2, 6, 6, 16))).graph
+        return len(graph.get_operations())
+
+    assert ops_in_graph(3) == ops_in_graph(40)
+
+
+def test_keras_round_trip(tmp_path):
+    _, looped, stack = _pair("full_preactivation", "bottleneck", filters=16)
+    path = tmp_path / "stack.keras"
+    looped.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    x = np.random.default_rng(2).normal(size=(2, 6, 6, 16)).astype("float32")
+    np.testing.assert_allclose(loaded(x, training=False), looped(x, training=False),
+                               rtol=1e-6, atol=1e-6)
+    config = loaded.layers[-1].get_config()
+    assert config["num_units"] == 3 and config["block"] == "bottleneck"
+
+
+def test_stacked_kernels_initialised_per_unit():
+    layer = ResidualStack(16, 50, block="bottleneck")
+    layer.build((None, 8, 8, 16))
+    kernel = layer.conv_kernels[1].numpy()  # (50, 3, 3, 4, 4)
+    assert kernel.shape == (50, 3, 3, 4, 4)
+    # He normal, fan-out = 3*3*4: std sqrt(2/36) in every unit, units differ.
+    np.testing.assert_allclose(kernel.std(), np.sqrt(2 / 36), rtol=0.1)
+    np.testing.assert_allclose(kernel[7].std(), np.sqrt(2 / 36), rtol=0.3)
+    assert not np.allclose(kernel[0], kernel[1])
+    first = layer.conv_kernels[0].numpy()  # (50, 1, 1, 16, 4): fan-out 4
+    np.testing.assert_allclose(first.std(), np.sqrt(2 / 4), rtol=0.1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(filters=8, num_units=0), "num_units"),
+    (dict(filters=8, num_units=2, unit="post"), "unit"),
+    (dict(filters=8, num_units=2, block="triple"), "block"),
+    (dict(filters=8, num_units=2, kernel_size=2), "kernel_size"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ResidualStack(**kwargs)
+
+
+def test_input_channels_must_match_filters():
+    with pytest.raises(ValueError, match="filters=8"):
+        ResidualStack(8, 2)(keras.Input((6, 6, 4)))
+    with pytest.raises(ValueError, match="rank|dimensions|channels"):
+        ResidualStack(8, 2)(keras.Input((36, 8)))
+
+
+def test_mixed_precision_computes_in_bfloat16_with_float32_statistics():
+    _, looped, stack = _pair("full_preactivation", "bottleneck", filters=16)
+    x = np.random.default_rng(3).normal(size=(2, 6, 6, 16)).astype("float32")
+    expected = looped(x, training=False)
+    try:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        config = stack.get_config()
+        config.pop("dtype")
+        mixed = ResidualStack.from_config(config)
+        mixed.build((None, 6, 6, 16))
+        for name, variable in mixed._named_variables().items():
+            variable.assign(stack._named_variables()[name])
+        got = mixed(x, training=False)
+        out = mixed(x, training=True)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert got.dtype == "bfloat16" and out.dtype == "bfloat16"
+    assert mixed.bn_weights[0][2].dtype == "float32"
+    np.testing.assert_allclose(np.asarray(got, "float32"), expected, rtol=0.05, atol=0.1)
