@@ -29,10 +29,20 @@ def describe():
     return text
 
 
+def _cell(value, fmt):
+    if value is None:
+        return "-"
+    return value if isinstance(value, str) else fmt.format(value)
+
+
 def table(rows, columns):
-    """A Markdown table of ``rows`` (dicts) with ``columns`` [(key, title, fmt)]."""
+    """A Markdown table of ``rows`` (dicts) with ``columns`` [(key, title, fmt)].
+
+    A missing or ``None`` value is shown as ``-`` and a string as it is.
+    """
     lines = ["| " + " | ".join(title for _, title, _ in columns) + " |",
              "|" + "|".join(" --- " for _ in columns) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in columns) + " |")
+        lines.append("| " + " | ".join(_cell(row.get(key), fmt) for key, _, fmt in columns)
+                     + " |")
     return "\n".join(lines)

@@ -227,10 +227,6 @@ def _peak_tflops(description):
     return None
 
 
-def _fmt(value, spec):
-    return "-" if value is None else format(value, spec)
-
-
 def main(argv):
     del argv
     if FLAGS.worker:
@@ -275,33 +271,27 @@ def main(argv):
             row["mfu"] = row["tflops_per_s"] / peak if speed and peak else None
             ref = reference.get("images_per_s") if reference else None
             row["vs_pytorch"] = speed / ref if speed and ref else None
+            if "build_s" in row and "first_step_s" in row:
+                row["start_s"] = row["build_s"] + row["first_step_s"]
             rows.append(row)
 
     columns = [("model", "model", "{}"), ("mode", "mode", "{}"), ("batch", "batch", "{}"),
-               ("params", "params", ",d"), ("build_s", "build (s)", ".1f"),
-               ("first_step_s", "first step (s)", ".1f"),
-               ("start_s", "build + first step (s)", ".1f"),
-               ("images_per_s", "img/s", ".1f"), ("vs_pytorch", "x PyTorch", ".2f"),
-               ("peak_memory_mb", "peak memory (MB)", ",.0f"),
-               ("tflops_per_s", "TFLOP/s", ".3f")]
+               ("params", "params", "{:,d}"), ("build_s", "build (s)", "{:.1f}"),
+               ("first_step_s", "first step (s)", "{:.1f}"),
+               ("start_s", "build + first step (s)", "{:.1f}"),
+               ("images_per_s", "img/s", "{:.1f}"), ("vs_pytorch", "x PyTorch", "{:.2f}"),
+               ("peak_memory_mb", "peak memory (MB)", "{:,.0f}"),
+               ("tflops_per_s", "TFLOP/s", "{:.3f}")]
     if peak:
-        columns.append(("mfu", "MFU", ".1%"))
-    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |",
-             "|" + "|".join(" --- " for _ in columns) + "|"]
-    for row in rows:
-        if "build_s" in row and "first_step_s" in row:
-            row["start_s"] = row["build_s"] + row["first_step_s"]
-        cells = [_fmt(row.get(key), spec) if spec != "{}" else str(row.get(key, "-"))
-                 for key, _, spec in columns]
-        if "error" in row:
-            cells[4] = f"failed: {row['error']}"
-        lines.append("| " + " | ".join(cells) + " |")
+        columns.append(("mfu", "MFU", "{:.1%}"))
+    shown = [dict(row, build_s=f"failed: {row['error']}") if "error" in row else row
+             for row in rows]
     settings = (f"steps {FLAGS.steps} after {FLAGS.warmup} warm-up, XLA "
                 f"{'on' if FLAGS.jit_compile else 'off'}, mixed precision "
                 f"{'on' if FLAGS.mixed_precision else 'off'}, optimizer built "
                 f"{'before fit' if FLAGS.build_optimizer else 'in the first step'}")
     print(f"\nMachine: {description}; {settings}\n")
-    print("\n".join(lines), flush=True)
+    print(machine.table(shown, columns), flush=True)
     if FLAGS.output_json:
         os.makedirs(os.path.dirname(FLAGS.output_json) or ".", exist_ok=True)
         with open(FLAGS.output_json, "w") as f:

@@ -255,7 +255,8 @@ class ResidualStack(keras.layers.Layer):
         Names are those of the unrolled :class:`ResidualUnit`'s sub-layers
         without the unit prefix: ``"conv1/kernel"``, ``"bn1/gamma"``, ...
         """
-        return {name: value[index] for name, value in self._named_stacked().items()}
+        return {name: ops.convert_to_numpy(variable[index])
+                for name, variable in self._named_variables().items()}
 
     def set_unit_weights(self, index, weights):
         """Sets unit ``index`` from ``{name: array}`` as :meth:`unit_weights`."""
@@ -277,9 +278,6 @@ class ResidualStack(keras.layers.Layer):
             for kind, w in zip(_WEIGHT_KINDS[2:], ws):
                 named[f"{name}/{kind}"] = w
         return named
-
-    def _named_stacked(self):
-        return {name: ops.convert_to_numpy(v) for name, v in self._named_variables().items()}
 
     def get_config(self):
         config = super().get_config()

@@ -31,7 +31,7 @@ from keras_identity.layers.residual_unit import PREACTIVATION_UNITS
 from keras_identity.layers.residual_unit import SHORTCUTS
 from keras_identity.layers.residual_unit import UNITS
 from keras_identity.layers.fused_batch_normalization import FusedBatchNormalization
-from keras_identity.models.stage import STAGE_MODES
+from keras_identity.models.stage import check_stage_mode
 from keras_identity.models.stage import residual_stage
 
 DATASETS = ("cifar10", "cifar100", "imagenet", "mnist")
@@ -211,7 +211,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     input_shape = _check_input_shape(input_shape, dataset)
     _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
                         high_inclusive=False)
-    _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
+    check_stage_mode(stage_mode, recompute)
     if keras.config.image_data_format() != "channels_last":
         raise ValueError("keras_identity models need keras.config.image_data_format() == "
                          "'channels_last'.")

@@ -41,6 +41,21 @@ def scan_unsupported_reason(unit_kwargs, stochastic_depth_rates=None):
     return None
 
 
+def check_stage_mode(stage_mode, recompute=False):
+    """Validates ``stage_mode`` and its combination with ``recompute``.
+
+    Raises:
+        ValueError: for an unknown mode, or ``recompute=True`` with
+            ``"unrolled"`` (recomputation is done by the looped stages).
+    """
+    _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
+    if recompute and stage_mode == "unrolled":
+        raise ValueError("recompute=True is not valid with stage_mode='unrolled'; "
+                         "recomputation is done by the looped stages, use "
+                         "stage_mode='scan' or 'auto'.")
+    return stage_mode
+
+
 def resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rates=None,
                        recompute=False):
     """Returns ``"unrolled"`` or ``"scan"`` for one stage.
@@ -52,13 +67,9 @@ def resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rate
         ValueError: for an unknown ``stage_mode``, or ``"scan"`` (or
             ``recompute``) with a unit the loop does not support.
     """
-    _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
+    check_stage_mode(stage_mode, recompute)
     reason = scan_unsupported_reason(unit_kwargs, stochastic_depth_rates)
     if recompute:
-        if stage_mode == "unrolled":
-            raise ValueError("recompute=True is not valid with stage_mode='unrolled'; "
-                             "recomputation is done by the looped stages, use "
-                             "stage_mode='scan' or 'auto'.")
         if reason is not None:
             raise ValueError(f"recompute=True is not valid with {reason}.")
         return "scan"
@@ -113,6 +124,24 @@ def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
 
 
 # ----------------------------------------------------------------- weights
+def _stack_unit_name(stack, index):
+    """The unrolled layer name (``stage2_unit5``) of unit ``index`` of a stack."""
+    return f"{stack.name.rsplit('_units', 1)[0]}_unit{stack.first_unit + index}"
+
+
+def _keyed_variables(layer):
+    """``((layer name, weight name), variable)`` for a layer that is not a
+    :class:`ResidualStack`; a unit's weights are named by sub-layer."""
+    if isinstance(layer, ResidualUnit):
+        for sub in layer.layers:
+            suffix = sub.name[len(layer.name) + 1:]
+            for w in sub.weights:
+                yield (layer.name, f"{suffix}/{w.name}"), w
+    else:
+        for i, w in enumerate(layer.weights):
+            yield (layer.name, f"{i}/{w.name}"), w
+
+
 def _unit_weight_table(model):
     """``{(unit or layer name, weight name): array}`` for every weight.
 
@@ -122,19 +151,14 @@ def _unit_weight_table(model):
     table = {}
     for layer in model.layers:
         if isinstance(layer, ResidualStack):
-            prefix = layer.name.rsplit("_units", 1)[0]
+            stacked = {name: np.asarray(v.numpy())
+                       for name, v in layer._named_variables().items()}
             for j in range(layer.num_units):
-                unit = f"{prefix}_unit{layer.first_unit + j}"
-                for name, value in layer.unit_weights(j).items():
-                    table[(unit, name)] = value
-        elif isinstance(layer, ResidualUnit):
-            for sub in layer.layers:
-                suffix = sub.name[len(layer.name) + 1:]
-                for w in sub.weights:
-                    table[(layer.name, f"{suffix}/{w.name}")] = np.asarray(w.numpy())
+                for name, value in stacked.items():
+                    table[(_stack_unit_name(layer, j), name)] = value[j]
         else:
-            for i, w in enumerate(layer.weights):
-                table[(layer.name, f"{i}/{w.name}")] = np.asarray(w.numpy())
+            for key, w in _keyed_variables(layer):
+                table[key] = np.asarray(w.numpy())
     return table
 
 
@@ -168,20 +192,14 @@ def transfer_weights(source, target):
 
     for layer in target.layers:
         if isinstance(layer, ResidualStack):
-            prefix = layer.name.rsplit("_units", 1)[0]
             for name, variable in layer._named_variables().items():
                 unit_shape = tuple(variable.shape[1:])
                 variable.assign(np.stack([
-                    take((f"{prefix}_unit{layer.first_unit + j}", name), unit_shape)
+                    take((_stack_unit_name(layer, j), name), unit_shape)
                     for j in range(layer.num_units)]))
-        elif isinstance(layer, ResidualUnit):
-            for sub in layer.layers:
-                suffix = sub.name[len(layer.name) + 1:]
-                for w in sub.weights:
-                    w.assign(take((layer.name, f"{suffix}/{w.name}"), w.shape))
         else:
-            for i, w in enumerate(layer.weights):
-                w.assign(take((layer.name, f"{i}/{w.name}"), w.shape))
+            for key, w in _keyed_variables(layer):
+                w.assign(take(key, w.shape))
     unused = sorted(set(table) - used)
     if unused:
         raise ValueError(f"transfer_weights: the target model has no place for "

@@ -17,6 +17,7 @@ from keras_identity import models as models_lib
 from keras_identity.data import datasets as datasets_lib
 from keras_identity.data import normalization as normalization_lib
 from keras_identity.data import pipeline
+from keras_identity.models.stage import check_stage_mode
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import multi_worker
@@ -111,12 +112,7 @@ class TrainConfig:
                              f"{', '.join(repr(s) for s in strategies.STRATEGIES)}.")
         if self.recipe is not None:
             recipes_lib.get_recipe(self.recipe)
-        if self.stage_mode not in models_lib.STAGE_MODES:
-            raise ValueError(f"stage_mode={self.stage_mode!r} is not valid; expected one of: "
-                             f"{', '.join(repr(m) for m in models_lib.STAGE_MODES)}.")
-        if self.recompute and self.stage_mode == "unrolled":
-            raise ValueError("recompute=True is not valid with stage_mode='unrolled'; use "
-                             "stage_mode='scan' or 'auto'.")
+        check_stage_mode(self.stage_mode, self.recompute)
         for name in ("batch_size", "epochs", "train_steps", "steps_per_epoch"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -59,3 +59,11 @@ def test_pytorch_rebuild_has_the_keras_parameter_count():
                            ki.models.preact_resnet(depth, stage_mode="scan").trainable_weights)
         model = torch_resnet.build(depth, expected_parameters=keras_params)
         assert torch_resnet.count_parameters(model) == keras_params
+
+
+def test_machine_table_shows_missing_values_and_failures():
+    from benchmarks import machine
+    text = machine.table(
+        [dict(mode="scan", speed=12.345, ratio=None), dict(mode="unrolled", speed="failed: x")],
+        [("mode", "mode", "{}"), ("speed", "img/s", "{:.1f}"), ("ratio", "x PyTorch", "{:.2f}")])
+    assert text.splitlines()[2:] == ["| scan | 12.3 | - |", "| unrolled | failed: x | - |"]
