@@ -218,10 +218,19 @@ class ResidualStack(keras.layers.Layer):
         if self.recompute and training:
             unit = tf.recompute_grad(unit)
 
+        # Each stacked weight as a list of per-unit tensors: reading element j
+        # in the loop has a gradient that sets element j of a list, so the
+        # backward pass writes each unit's weight gradient once.  Slicing the
+        # stacked tensor (``kernel[j]``) would instead add a dense gradient of
+        # the whole stack in every iteration, O(num_units^2) work per step.
+        stacked = ([k for k in kernels] + [b for b in biases if b is not None]
+                   + [w for ws in bns for w in ws])
+        lists = [tf.TensorArray(w.dtype, size=n, element_shape=w.shape[1:]).unstack(w)
+                 for w in stacked]
+
         def body(j, carry):
             x, acc = carry
-            weights = [k[j] for k in kernels] + [b[j] for b in biases if b is not None]
-            weights += [w[j] for ws in bns for w in ws]
+            weights = [weight_list.read(j) for weight_list in lists]
             y, *flat = unit(x, *weights)
             if training:
                 # Row j of each accumulator (a one-hot sum rather than a

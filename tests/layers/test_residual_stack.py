@@ -112,6 +112,28 @@ def test_graph_size_does_not_grow_with_units():
     assert ops_in_graph(3) == ops_in_graph(40)
 
 
+def test_weight_gradients_written_per_unit_not_summed_over_the_stack():
+    # The backward loop sets each unit's slice of a weight gradient
+    # (TensorListSetItem); slicing the stacked tensor instead would add a
+    # dense gradient of the whole stack in every iteration (StridedSliceGrad
+    # followed by a sum), O(num_units^2) work per step.
+    layer = ResidualStack(16, 5, block="bottleneck")
+    layer.build((None, 6, 6, 16))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x, training=True))
+        return tape.gradient(loss, layer.trainable_weights)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec((2, 6, 6, 16))).graph.as_graph_def()
+    op_types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        op_types.update(node.op for node in function.node_def)
+    assert "TensorListSetItem" in op_types
+    assert "StridedSliceGrad" not in op_types
+
+
 def test_keras_round_trip(tmp_path):
     _, looped, stack = _pair("full_preactivation", "bottleneck", filters=16)
     path = tmp_path / "stack.keras"
