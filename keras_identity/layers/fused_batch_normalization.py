@@ -31,6 +31,14 @@ def fused_batch_norm(x, gamma, beta, mean, variance, epsilon, training):
     return ops.cast(y, x.dtype), (batch_mean, batch_variance)
 
 
+def update_moving_statistics(moving_mean, moving_variance, moments, momentum):
+    """Keras's BatchNormalization rule for the moving statistics:
+    ``moving = moving * momentum + batch * (1 - momentum)``, where ``moments``
+    is the ``(mean, variance)`` pair returned by :func:`fused_batch_norm`."""
+    for moving, batch in zip((moving_mean, moving_variance), moments):
+        moving.assign(moving * momentum + batch * (1.0 - momentum))
+
+
 @keras.saving.register_keras_serializable(package="keras_identity")
 class FusedBatchNormalization(keras.layers.BatchNormalization):
     """``keras.layers.BatchNormalization`` computed by one fused TF op.
@@ -62,9 +70,6 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             inputs, gamma, beta, ops.convert_to_tensor(self.moving_mean, "float32"),
             ops.convert_to_tensor(self.moving_variance, "float32"), self.epsilon, training)
         if training:
-            mean, variance = moments
-            momentum = self.momentum
-            self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
-            self.moving_variance.assign(
-                self.moving_variance * momentum + variance * (1.0 - momentum))
+            update_moving_statistics(self.moving_mean, self.moving_variance, moments,
+                                     self.momentum)
         return ops.cast(outputs, self.compute_dtype)

@@ -19,6 +19,7 @@ import tensorflow as tf
 from keras_identity import _checks
 from keras_identity import initializers
 from keras_identity.layers.fused_batch_normalization import fused_batch_norm
+from keras_identity.layers.fused_batch_normalization import update_moving_statistics
 from keras_identity.layers.residual_unit import BLOCKS
 from keras_identity.layers.residual_unit import check_widths
 from keras_identity.layers.residual_unit import set_weight_arguments
@@ -223,7 +224,7 @@ class ResidualStack(keras.layers.Layer):
         # backward pass writes each unit's weight gradient once.  Slicing the
         # stacked tensor (``kernel[j]``) would instead add a dense gradient of
         # the whole stack in every iteration, O(num_units^2) work per step.
-        stacked = ([k for k in kernels] + [b for b in biases if b is not None]
+        stacked = (list(kernels) + [b for b in biases if b is not None]
                    + [w for ws in bns for w in ws])
         lists = [tf.TensorArray(w.dtype, size=n, element_shape=w.shape[1:]).unstack(w)
                  for w in stacked]
@@ -246,12 +247,9 @@ class ResidualStack(keras.layers.Layer):
                                     (ops.convert_to_tensor(0, "int32"), inputs, stats),
                                     maximum_iterations=n)
         if training:
-            momentum = self.bn_momentum
             for index, (_, _, moving_mean, moving_variance) in enumerate(self.bn_weights):
-                mean, variance = stats[2 * index], stats[2 * index + 1]
-                moving_mean.assign(moving_mean * momentum + mean * (1.0 - momentum))
-                moving_variance.assign(
-                    moving_variance * momentum + variance * (1.0 - momentum))
+                update_moving_statistics(moving_mean, moving_variance,
+                                         stats[2 * index:2 * index + 2], self.bn_momentum)
         return y
 
     def compute_output_shape(self, input_shape):
