@@ -97,3 +97,22 @@ def test_eval_padding_keeps_metrics_exact():
     assert all(x.shape[0] == 4 for x, _, _ in batches)
     weights = np.concatenate([w.numpy() for _, _, w in batches])
     assert weights.sum() == 10 and len(weights) == 12
+
+
+def test_pipelines_run_without_the_autotuning_thread():
+    # tf.data's autotuning thread made deleting an iterator wait for its next
+    # optimisation time (seconds at the end of every evaluation and of fit).
+    data = _data()
+    norm = Normalization("scale")
+    pipelines = [train_dataset(data, batch_size=8, normalization=norm, augmentation="cifar"),
+                 eval_dataset(data, batch_size=4, normalization=norm),
+                 eval_dataset(data, batch_size=4, normalization=norm, pad_to_batch=True)]
+    for ds in pipelines:
+        options = ds.options()
+        assert options.autotune.enabled is False
+        assert options.deterministic is True
+        assert (options.experimental_distribute.auto_shard_policy
+                == tf.data.experimental.AutoShardPolicy.OFF)
+    # The parallel map and prefetch still work without the tuner.
+    x, y = next(iter(pipelines[0]))
+    assert x.shape == (8, 8, 8, 3) and y.shape == (8,)
