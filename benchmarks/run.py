@@ -2,8 +2,9 @@
 
 For each model and stage mode it measures, each in a fresh process (so peak
 memory and start-up are those of that configuration alone): the time to
-build the Keras model, the time of the first ``model.fit`` step (tracing,
-and compiling where XLA is on), steady-state training images/s, and the
+build the Keras model, the time from the ``model.fit`` call to the end of its
+first step (tracing, and compiling where XLA is on), steady-state training
+images/s over later steps of the same call, and the
 process's peak resident memory; then the same for a PyTorch rebuild of the
 same network (same parameter count, checked) in the same run, and the
 ratio.  Prints a Markdown table naming the machine and writes JSON.
