@@ -22,12 +22,12 @@ def _options():
     # Sharding is explicit (see ``distribute``); never let tf.data re-shard.
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)
-    # No autotuning model thread.  With it, deleting an iterator (at the end
-    # of every evaluation and of ``fit``) blocked until the thread's next
-    # optimisation time, whose period doubles while the iterator lives:
-    # stalls of 1-13 s measured on 2 cores, growing with the iterator's
-    # lifetime.  ``AUTOTUNE`` then means one parallel call per core and a
-    # prefetch buffer that grows on demand; throughput measured the same.
+    # No autotuning model thread.  With it, deleting an iterator that Keras's
+    # ``fit``/``evaluate`` consumed (at the end of an evaluation or of ``fit``)
+    # could block until the thread's next optimisation time, whose period
+    # doubles while the iterator lives: stalls of 1-13 s measured on 2 cores.
+    # ``AUTOTUNE`` then means one parallel call per core and a prefetch buffer
+    # that grows on demand; throughput measured the same.
     options.autotune.enabled = False
     return options
 
