@@ -101,7 +101,7 @@ def test_eval_padding_keeps_metrics_exact():
 
 def test_pipelines_run_without_the_autotuning_thread():
     # tf.data's autotuning thread made deleting an iterator wait for its next
-    # optimisation time (seconds at the end of every evaluation and of fit).
+    # optimisation time (seconds at the end of an evaluation or of fit).
     data = _data()
     norm = Normalization("scale")
     pipelines = [train_dataset(data, batch_size=8, normalization=norm, augmentation="cifar"),
