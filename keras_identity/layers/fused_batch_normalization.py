@@ -26,9 +26,14 @@ def fused_batch_norm(x, gamma, beta, mean, variance, epsilon, training):
         return ops.cast(y, x.dtype), None
     y, batch_mean, batch_variance = tf.compat.v1.nn.fused_batch_norm(
         x, gamma, beta, epsilon=epsilon, is_training=True)
+    return ops.cast(y, x.dtype), (batch_mean, biased_variance(x, batch_variance))
+
+
+def biased_variance(x, variance):
+    """The biased batch variance of ``x`` from the unbiased one the fused op
+    returns (Keras's moving statistics use the biased variance)."""
     count = ops.cast(ops.prod(ops.shape(x)[:-1]), "float32")
-    batch_variance = batch_variance * (count - 1.0) / ops.maximum(count, 1.0)
-    return ops.cast(y, x.dtype), (batch_mean, batch_variance)
+    return variance * (count - 1.0) / ops.maximum(count, 1.0)
 
 
 def update_moving_statistics(moving_mean, moving_variance, moments, momentum):

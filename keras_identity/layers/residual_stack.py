@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from keras_identity import _checks
 from keras_identity import initializers
-from keras_identity.layers.fused_batch_normalization import fused_batch_norm
+from keras_identity.layers import unit_loop
 from keras_identity.layers.fused_batch_normalization import update_moving_statistics
 from keras_identity.layers.residual_unit import BLOCKS
 from keras_identity.layers.residual_unit import check_widths
@@ -40,7 +40,12 @@ class ResidualStack(keras.layers.Layer):
     (``conv2_kernel`` has shape ``(num_units, 3, 3, d, d)``), so the layer's
     graph (and XLA program) does not grow with ``num_units``.
 
-    In training, each unit's BatchNormalization uses its batch moments and
+    In training, the loop's backward pass is written out
+    (:mod:`keras_identity.layers.unit_loop`: a second loop from the last unit
+    to the first applying the convolution, BN and ReLU gradient kernels to the
+    tensors the forward loop stored) rather than left to TensorFlow's
+    while-loop differentiation, which traces slower and runs a little slower.
+    Each unit's BatchNormalization uses its batch moments and
     the moving statistics of all units are updated after the loop with the
     rule of ``keras.layers.BatchNormalization``
     (``moving = moving * momentum + batch * (1 - momentum)``); at inference
@@ -66,7 +71,7 @@ class ResidualStack(keras.layers.Layer):
         kernel_regularizer: applied to every stacked kernel (a sum over
             units, as for the unrolled layers with an additive penalty).
         recompute: keep only each unit's input for the backward pass and
-            recompute the unit's activations there (``tf.recompute_grad``):
+            run the unit forward again there before differentiating it:
             activation memory of a stage falls from about ten feature maps
             per unit to one, for one more forward pass of compute.
     """
@@ -159,97 +164,51 @@ class ResidualStack(keras.layers.Layer):
                                 initializer="ones", trainable=False, autocast=False)))
 
     # ------------------------------------------------------------------- call
-    def _unit(self, x, kernels, biases, bns, training):
-        """One unit given its weights; returns the output and BN moments."""
-        moments = []
-
-        def bn(index, t):
-            gamma, beta, mean, variance = bns[index]
-            y, m = fused_batch_norm(t, gamma, beta, mean, variance, self.bn_epsilon,
-                                    training)
-            moments.append(m)
-            return y
-
-        def conv(index, t):
-            y = ops.conv(t, kernels[index], strides=1, padding="same")
-            return y if biases[index] is None else y + biases[index]
-
-        last = len(kernels) - 1
-        r = x
-        for i in range(len(kernels)):
-            if self.unit == "full_preactivation":
-                r = conv(i, ops.relu(bn(i, r)))
-            elif self.unit == "relu_only_preactivation":
-                r = bn(i, conv(i, ops.relu(r)))
-            else:
-                r = conv(i, r)
-                if self.unit == "bn_after_addition" and i == last:
-                    break
-                r = bn(i, r)
-                if i < last or self.unit == "relu_before_addition":
-                    r = ops.relu(r)
-        y = x + r
-        if self.unit == "original":
-            y = ops.relu(y)
-        elif self.unit == "bn_after_addition":
-            y = ops.relu(bn(last, y))
-        return y, moments
-
     def call(self, inputs, training=None):
         training = bool(training) and self.trainable
         dtype = self.compute_dtype
         kernels = [ops.cast(k, dtype) for k in self.conv_kernels]
         biases = [None if b is None else ops.cast(b, dtype) for b in self.conv_biases]
         bns = [tuple(ops.convert_to_tensor(w) for w in ws) for ws in self.bn_weights]
+        program = unit_loop.unit_program(self.unit, len(kernels))
+        if training:
+            y, stats = unit_loop.train_loop(
+                program, inputs, kernels, biases, [ws[0] for ws in bns],
+                [ws[1] for ws in bns], self.bn_epsilon, recompute=self.recompute)
+            for (_, _, moving_mean, moving_variance), moments in zip(self.bn_weights, stats):
+                update_moving_statistics(moving_mean, moving_variance, moments,
+                                         self.bn_momentum)
+            return y
+        return self._inference_loop(program, inputs, kernels, biases, bns)
+
+    def _inference_loop(self, program, inputs, kernels, biases, bns):
+        """The units with the moving statistics, differentiated automatically."""
         n = self.num_units
-        # The batch moments of every unit, filled in by the loop.
-        stats = tuple(ops.zeros((n, ws[0].shape[-1]), "float32")
-                      for ws in bns for _ in range(2)) if training else ()
-
-        def unit(x, *weights):
-            # One unit as a function of tensors only (what recompute_grad needs).
-            it = iter(weights)
-            unit_kernels = [next(it) for _ in kernels]
-            unit_biases = [None if b is None else next(it) for b in biases]
-            unit_bns = [tuple(next(it) for _ in range(4)) for _ in bns]
-            y, moments = self._unit(x, unit_kernels, unit_biases, unit_bns, training)
-            flat = [ops.stop_gradient(m) for pair in moments for m in pair] if training else []
-            return (y, *flat)
-
-        if self.recompute and training:
-            unit = tf.recompute_grad(unit)
-
-        # Each stacked weight as a list of per-unit tensors: reading element j
-        # in the loop has a gradient that sets element j of a list, so the
-        # backward pass writes each unit's weight gradient once.  Slicing the
-        # stacked tensor (``kernel[j]``) would instead add a dense gradient of
-        # the whole stack in every iteration, O(num_units^2) work per step.
+        slots, _ = unit_loop.saved_layout(program)
+        present = [b is not None for b in biases]
         stacked = (list(kernels) + [b for b in biases if b is not None]
                    + [w for ws in bns for w in ws])
+        # Each stacked weight as a list of per-unit tensors: reading element j
+        # has a gradient that sets element j of a list, so a backward pass
+        # writes each unit's weight gradient once (slicing ``kernel[j]``
+        # would add a dense gradient of the whole stack in every iteration).
         lists = [tf.TensorArray(w.dtype, size=n, element_shape=w.shape[1:]).unstack(w)
                  for w in stacked]
 
-        def body(j, carry):
-            x, acc = carry
-            weights = [weight_list.read(j) for weight_list in lists]
-            y, *flat = unit(x, *weights)
-            if training:
-                # Row j of each accumulator (a one-hot sum rather than a
-                # slice update, which has no gradient inside a TF while loop).
-                row = ops.expand_dims(ops.one_hot(j, n, dtype="float32"), 1)
-                acc = tuple(a + row * ops.expand_dims(m, 0) for a, m in zip(acc, flat))
-            return y, acc
+        def body(j, x):
+            weights = iter([weight_list.read(j) for weight_list in lists])
+            unit_kernels = [next(weights) for _ in kernels]
+            unit_biases = [next(weights) if has else None for has in present]
+            unit_bns = [tuple(next(weights) for _ in range(4)) for _ in bns]
+            y, _, _ = unit_loop.forward(program, slots, x, unit_kernels, unit_biases,
+                                        unit_bns, self.bn_epsilon, training=False)
+            return j + 1, y
 
         # tf.while_loop rather than keras.ops.fori_loop: XLA needs the trip
         # count (maximum_iterations) to differentiate the loop.
-        _, y, stats = tf.while_loop(lambda j, *_: j < n,
-                                    lambda j, x, acc: (j + 1, *body(j, (x, acc))),
-                                    (ops.convert_to_tensor(0, "int32"), inputs, stats),
-                                    maximum_iterations=n)
-        if training:
-            for index, (_, _, moving_mean, moving_variance) in enumerate(self.bn_weights):
-                update_moving_statistics(moving_mean, moving_variance,
-                                         stats[2 * index:2 * index + 2], self.bn_momentum)
+        _, y = tf.while_loop(lambda j, _: j < n, body,
+                             (ops.convert_to_tensor(0, "int32"), inputs),
+                             maximum_iterations=n)
         return y
 
     def compute_output_shape(self, input_shape):

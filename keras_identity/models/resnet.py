@@ -187,7 +187,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
             each unit (``keras_identity.analysis``).  The forms compute the same function and
             exchange weights with :func:`transfer_weights`.
         recompute: keep only each looped unit's input for the backward pass
-            and recompute its activations there (``tf.recompute_grad``), so
+            and recompute its activations there, so
             ResNet-1001 trains at larger batches in the same memory; it loops
             every stage (``stage_mode="unrolled"`` is then an error).
         seed: seed for initialisers and random masks (reproducible builds).

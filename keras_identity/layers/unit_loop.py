@@ -1,0 +1,283 @@
+"""Identical Residual Units as a small program, looped with a written-out backward pass.
+
+Differentiating a ``tf.while_loop`` automatically makes TensorFlow build a
+second loop that pops every forward intermediate from a stack, plus gradient
+accumulators for each tensor the body captures; for a bottleneck unit that is
+about seventy captured tensors, a second of tracing for ResNet-164 and an
+``AddN`` of gradient lists in every step.  The units of a
+:class:`~keras_identity.layers.ResidualStack` are made of four operations
+only (convolution, bias, fused BatchNormalization and ReLU, joined by the
+shortcut addition of Eqn. 1), so their backward pass is written here
+directly: the forward loop stores, for unit ``j``, the tensors each
+operation's gradient needs (what automatic differentiation would store), and
+the backward loop walks the units from last to first applying the gradient
+kernels ``Conv2DBackpropInput/Filter``, ``FusedBatchNormGradV3`` and
+``ReluGrad``.
+
+A unit is described by a *program*, the list of its operations in order (see
+:func:`unit_program`), so one forward and one backward interpreter serve all
+five orderings of Fig. 4 and the three blocks; the forward interpreter also
+runs the units at inference (moving statistics) for ``ResidualStack``.
+"""
+
+import tensorflow as tf
+
+from keras_identity.layers.fused_batch_normalization import biased_variance
+from keras_identity.layers.fused_batch_normalization import fused_batch_norm
+
+ADD = ("add",)
+RELU = ("relu",)
+
+
+def unit_program(unit, num_layers):
+    """The operations of one unit of ordering ``unit`` (Fig. 4) in order.
+
+    Entries are ``("conv", i)``, ``("bn", i)``, ``("relu",)`` and
+    ``("add",)``: the steps before ``add`` compute the residual branch F from
+    the unit input, ``add`` forms ``x + F``, the steps after it are the
+    after-addition function f.
+    """
+    last = num_layers - 1
+    program = []
+    for i in range(num_layers):
+        if unit == "full_preactivation":
+            program += [("bn", i), RELU, ("conv", i)]
+        elif unit == "relu_only_preactivation":
+            program += [RELU, ("conv", i), ("bn", i)]
+        else:
+            program.append(("conv", i))
+            if unit == "bn_after_addition" and i == last:
+                break
+            program.append(("bn", i))
+            if i < last or unit == "relu_before_addition":
+                program.append(RELU)
+    program.append(ADD)
+    if unit == "original":
+        program.append(RELU)
+    elif unit == "bn_after_addition":
+        program += [("bn", last), RELU]
+    return program
+
+
+def _conv(x, kernel, bias):
+    y = tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
+    return y if bias is None else tf.nn.bias_add(y, bias)
+
+
+def _batch_norm(x, gamma, beta, epsilon):
+    """Training-mode fused BN: output, (mean, biased variance), reserves."""
+    empty = tf.constant([], tf.float32)
+    y, mean, variance, reserve1, reserve2, reserve3 = tf.raw_ops.FusedBatchNormV3(
+        x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,
+        exponential_avg_factor=1.0, data_format="NHWC", is_training=True)
+    return y, (mean, biased_variance(x, variance)), (reserve1, reserve2, reserve3)
+
+
+def saved_layout(program):
+    """Where each step keeps the tensors its gradient needs.
+
+    Returns ``(slots, kinds)``: ``slots[k]`` are the indices of the saved
+    tensors step ``k`` reads in the backward pass (a convolution its input; a
+    BN its input and three reserve tensors; a ReLU its output) and
+    ``kinds[i]`` is ``"features"`` (a feature map) or ``"statistics"`` (a BN
+    reserve, float32).  A convolution or BN that directly follows a ReLU reads
+    the ReLU's saved output rather than saving it again.
+    """
+    kinds, slots = [], []
+
+    def new(kind):
+        kinds.append(kind)
+        return len(kinds) - 1
+
+    current = None  # slot holding the current tensor, if it is saved
+    for step in program:
+        if step[0] in ("conv", "bn"):
+            features = new("features") if current is None else current
+            if step[0] == "conv":
+                slots.append((features,))
+            else:
+                slots.append((features,) + tuple(new("statistics") for _ in range(3)))
+            current = None
+        elif step[0] == "relu":
+            current = new("features")
+            slots.append((current,))
+        else:
+            slots.append(())
+            current = None
+    return slots, kinds
+
+
+def forward(program, slots, x, kernels, biases, bns, epsilon, training=True):
+    """One unit.
+
+    ``bns[i]`` is ``(gamma, beta)`` in training and ``(gamma, beta,
+    moving_mean, moving_variance)`` at inference.  Returns the output, the BN
+    moments ``(mean, biased variance)`` in program order (training only) and
+    ``{slot: tensor}``, the tensors the backward pass reads.
+    """
+    saved, moments = {}, []
+    t = x
+    for step, slot in zip(program, slots):
+        if step[0] == "conv":
+            saved[slot[0]] = t
+            t = _conv(t, kernels[step[1]], biases[step[1]])
+        elif step[0] == "bn" and not training:
+            t, _ = fused_batch_norm(t, *bns[step[1]], epsilon, False)
+        elif step[0] == "bn":
+            gamma, beta = bns[step[1]]
+            saved[slot[0]] = t
+            t, m, reserves = _batch_norm(t, gamma, beta, epsilon)
+            saved.update(zip(slot[1:], reserves))
+            moments.append(m)
+        elif step[0] == "relu":
+            t = tf.nn.relu(t)
+            saved[slot[0]] = t
+        else:
+            t = x + t
+    return t, moments, saved
+
+
+def backward(program, slots, saved, grad, kernels, biases, bns, epsilon):
+    """Gradients of one unit from its saved tensors (see :func:`forward`).
+
+    Returns ``(dx, dkernels, dbiases, dbns)`` with ``dbns[i] = (dgamma,
+    dbeta)``, lists indexed like the weights.
+    """
+    dkernels = [None] * len(kernels)
+    dbiases = [None] * len(biases)
+    dbns = [None] * len(bns)
+    shortcut_grad = None
+    for step, slot in zip(reversed(program), reversed(slots)):
+        if step[0] == "conv":
+            i = step[1]
+            inputs = saved[slot[0]]
+            if biases[i] is not None:
+                dbiases[i] = tf.reduce_sum(grad, axis=(0, 1, 2))
+            dkernels[i] = tf.raw_ops.Conv2DBackpropFilter(
+                input=inputs, filter_sizes=tf.shape(kernels[i]), out_backprop=grad,
+                strides=[1, 1, 1, 1], padding="SAME")
+            grad = tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=tf.shape(inputs), filter=kernels[i], out_backprop=grad,
+                strides=[1, 1, 1, 1], padding="SAME")
+        elif step[0] == "bn":
+            i = step[1]
+            inputs, reserve1, reserve2, reserve3 = (saved[k] for k in slot)
+            grad, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
+                y_backprop=grad, x=inputs, scale=bns[i][0], reserve_space_1=reserve1,
+                reserve_space_2=reserve2, reserve_space_3=reserve3, epsilon=epsilon,
+                data_format="NHWC", is_training=True)
+            dbns[i] = (dgamma, dbeta)
+        elif step[0] == "relu":
+            grad = tf.raw_ops.ReluGrad(gradients=grad, features=saved[slot[0]])
+        else:
+            shortcut_grad = grad
+    return grad + shortcut_grad, dkernels, dbiases, dbns
+
+
+def _empty_stack(dtype, capacity):
+    return tf.raw_ops.EmptyTensorList(element_shape=tf.constant(-1),
+                                      max_num_elements=capacity, element_dtype=dtype)
+
+
+def _pop(stack, dtype, shape):
+    stack, tensor = tf.raw_ops.TensorListPopBack(
+        input_handle=stack, element_shape=tf.constant(-1), element_dtype=dtype)
+    tensor.set_shape(shape)
+    return stack, tensor
+
+
+def train_loop(program, inputs, kernels, biases, gammas, betas, epsilon, recompute=False):
+    """``num_units`` units of ``program`` over stacked weights, in training mode.
+
+    ``kernels``, ``biases`` (entries may be ``None``), ``gammas`` and
+    ``betas`` hold one tensor per layer of the unit, stacked over units along
+    axis 0.  Returns the output and, per BN layer in order, the batch mean
+    and biased batch variance of every unit, shape ``(num_units, channels)``
+    (without gradient).  The gradient is the loop of :func:`backward`; with
+    ``recompute`` the forward loop keeps only each unit's input and the
+    backward loop runs the unit forward again before differentiating it.
+    """
+    num_units = kernels[0].shape[0]
+    slots, kinds = saved_layout(program)
+    present = [b is not None for b in biases]
+
+    def unpack(values):
+        values = iter(values)
+        unit_kernels = [next(values) for _ in kernels]
+        unit_biases = [next(values) if has else None for has in present]
+        unit_gammas = [next(values) for _ in gammas]
+        return unit_kernels, unit_biases, [(g, next(values)) for g in unit_gammas]
+
+    def read(arrays, j):
+        return unpack([a.read(j) for a in arrays])
+
+    def per_unit(dtype, stacked=None, shape=None):
+        array = tf.TensorArray(dtype, size=num_units, element_shape=shape,
+                               clear_after_read=False)
+        return array if stacked is None else array.unstack(stacked)
+
+    @tf.custom_gradient
+    def run(x, *stacked):
+        weights = [per_unit(w.dtype, w, w.shape[1:]) for w in stacked]
+        # The tensors for the backward pass go on stacks that the backward
+        # loop pops, freeing each unit's tensors once it is differentiated
+        # (as TensorFlow's own while-loop gradient does).
+        dtypes = [x.dtype] if recompute else [
+            x.dtype if kind == "features" else tf.float32 for kind in kinds]
+        store = tuple(_empty_stack(dtype, num_units) for dtype in dtypes)
+        shapes = {}
+        stats = tuple(per_unit(tf.float32) for _ in range(2 * len(gammas)))
+
+        def body(j, x, store, stats):
+            y, moments, saved = forward(program, slots, x, *read(weights, j), epsilon)
+            kept = [x] if recompute else [saved[i] for i in range(len(kinds))]
+            shapes.update(enumerate(t.shape for t in kept))
+            store = tuple(tf.raw_ops.TensorListPushBack(input_handle=s, tensor=t)
+                          for s, t in zip(store, kept))
+            moments = [m for pair in moments for m in pair]
+            stats = tuple(a.write(j, m) for a, m in zip(stats, moments))
+            return j + 1, y, store, stats
+
+        _, y, store, stats = tf.while_loop(
+            lambda j, *_: j < num_units, body, (tf.constant(0), x, store, stats),
+            maximum_iterations=num_units)
+
+        def grad(dy, *unused_stat_grads):
+            grads = tuple(per_unit(w.dtype, shape=w.shape[1:]) for w in stacked)
+
+            def back(k, g, store, grads):
+                j = num_units - 1 - k
+                popped = [_pop(s, dtype, shapes[i])
+                          for i, (s, dtype) in enumerate(zip(store, dtypes))]
+                store = tuple(s for s, _ in popped)
+                kept = [t for _, t in popped]
+                unit_weights = read(weights, j)
+                if recompute:
+                    # Not before the unit's gradient arrives: otherwise the
+                    # loop would run several units' forward passes ahead
+                    # (parallel iterations) and hold their activations.
+                    with tf.control_dependencies([g]):
+                        unit_input = tf.identity(kept[0])
+                    _, _, saved = forward(program, slots, unit_input, *unit_weights,
+                                          epsilon)
+                else:
+                    saved = dict(enumerate(kept))
+                dx, dkernels, dbiases, dbns = backward(program, slots, saved, g,
+                                                       *unit_weights, epsilon)
+                flat = (dkernels + [d for d in dbiases if d is not None]
+                        + [d[0] for d in dbns] + [d[1] for d in dbns])
+                return k + 1, dx, store, tuple(a.write(j, d) for a, d in zip(grads, flat))
+
+            _, dx, _, grads = tf.while_loop(
+                lambda k, *_: k < num_units, back, (tf.constant(0), dy, store, grads),
+                maximum_iterations=num_units)
+            return (dx, *[a.stack() for a in grads])
+
+        return (y, *[a.stack() for a in stats]), grad
+
+    # Tensors, not variables: the custom gradient is with respect to its inputs.
+    stacked = [tf.convert_to_tensor(w) for w in
+               list(kernels) + [b for b in biases if b is not None] + list(gammas)
+               + list(betas)]
+    y, *stats = run(inputs, *stacked)
+    return y, [tuple(stats[2 * i:2 * i + 2]) for i in range(len(gammas))]

@@ -1,0 +1,154 @@
+"""unit_loop: the written-out backward pass of looped Residual Units must be
+the gradient TensorFlow's automatic differentiation gives."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_identity.layers import unit_loop
+from keras_identity.layers.residual_unit import UNITS
+
+CONV = lambda i: ("conv", i)  # noqa: E731
+BN = lambda i: ("bn", i)  # noqa: E731
+RELU, ADD = ("relu",), ("add",)
+
+
+def test_programs_follow_figure_4():
+    assert unit_loop.unit_program("original", 2) == [
+        CONV(0), BN(0), RELU, CONV(1), BN(1), ADD, RELU]
+    assert unit_loop.unit_program("bn_after_addition", 2) == [
+        CONV(0), BN(0), RELU, CONV(1), ADD, BN(1), RELU]
+    assert unit_loop.unit_program("relu_before_addition", 2) == [
+        CONV(0), BN(0), RELU, CONV(1), BN(1), RELU, ADD]
+    assert unit_loop.unit_program("relu_only_preactivation", 2) == [
+        RELU, CONV(0), BN(0), RELU, CONV(1), BN(1), ADD]
+    assert unit_loop.unit_program("full_preactivation", 3) == [
+        BN(0), RELU, CONV(0), BN(1), RELU, CONV(1), BN(2), RELU, CONV(2), ADD]
+    assert unit_loop.unit_program("original", 1) == [CONV(0), BN(0), ADD, RELU]
+
+
+def test_saved_layout_reuses_relu_outputs_as_convolution_inputs():
+    program = unit_loop.unit_program("full_preactivation", 3)
+    slots, kinds = unit_loop.saved_layout(program)
+    # Per layer: the BN input, three BN reserves, the ReLU output (which the
+    # convolution reads too).
+    assert len(kinds) == 15
+    assert kinds.count("statistics") == 9
+    relu_slot = slots[program.index(RELU)]
+    assert slots[program.index(CONV(0))] == relu_slot
+    assert slots[-1] == ()
+
+
+def _unit_weights(program, num_layers, channels, use_bias, rng):
+    kernels = [tf.constant(rng.normal(scale=0.3, size=(3, 3, channels, channels)),
+                           tf.float32) for _ in range(num_layers)]
+    biases = [tf.constant(rng.normal(size=channels), tf.float32) if use_bias else None
+              for _ in range(num_layers)]
+    bns = [(tf.constant(rng.uniform(0.5, 1.5, channels), tf.float32),
+            tf.constant(rng.normal(size=channels), tf.float32)) for _ in range(num_layers)]
+    return kernels, biases, bns
+
+
+@pytest.mark.parametrize("unit", UNITS)
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_backward_equals_automatic_differentiation(unit, num_layers):
+    rng = np.random.default_rng(num_layers)
+    program = unit_loop.unit_program(unit, num_layers)
+    slots, _ = unit_loop.saved_layout(program)
+    kernels, biases, bns = _unit_weights(program, num_layers, 4, True, rng)
+    x = tf.constant(rng.normal(size=(3, 5, 5, 4)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(3, 5, 5, 4)), tf.float32)
+    sources = [x] + kernels + biases + [w for pair in bns for w in pair]
+    with tf.GradientTape() as tape:
+        tape.watch(sources)
+        y, moments, saved = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5)
+        loss = tf.reduce_sum(y * upstream)
+    expected = tape.gradient(loss, sources)
+    dx, dkernels, dbiases, dbns = unit_loop.backward(program, slots, saved, upstream,
+                                                     kernels, biases, bns, 1e-5)
+    got = [dx] + dkernels + dbiases + [g for pair in dbns for g in pair]
+    assert len(moments) == num_layers
+    for index, (g, e) in enumerate(zip(got, expected)):
+        assert float(tf.reduce_max(tf.abs(e))) > 0
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute):
+    rng = np.random.default_rng(0)
+    num_units, num_layers = 3, 2
+    program = unit_loop.unit_program("full_preactivation", num_layers)
+    slots, _ = unit_loop.saved_layout(program)
+    units = [_unit_weights(program, num_layers, 4, False, rng) for _ in range(num_units)]
+    kernels = [tf.stack([u[0][i] for u in units]) for i in range(num_layers)]
+    gammas = [tf.stack([u[2][i][0] for u in units]) for i in range(num_layers)]
+    betas = [tf.stack([u[2][i][1] for u in units]) for i in range(num_layers)]
+    x = tf.constant(rng.normal(size=(2, 5, 5, 4)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(2, 5, 5, 4)), tf.float32)
+    sources = [x] + kernels + gammas + betas
+
+    with tf.GradientTape() as tape:
+        tape.watch(sources)
+        t, expected_moments = x, []
+        for j in range(num_units):
+            t, moments, _ = unit_loop.forward(
+                program, slots, t, [k[j] for k in kernels], [None] * num_layers,
+                [(g[j], b[j]) for g, b in zip(gammas, betas)], 1e-5)
+            expected_moments.append(moments)
+        expected_loss = tf.reduce_sum(t * upstream)
+    expected = tape.gradient(expected_loss, sources)
+
+    with tf.GradientTape() as tape:
+        tape.watch(sources)
+        y, stats = unit_loop.train_loop(program, x, kernels, [None] * num_layers, gammas,
+                                        betas, 1e-5, recompute=recompute)
+        loss = tf.reduce_sum(y * upstream)
+    got = tape.gradient(loss, sources)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    for index, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
+    for layer, (mean, variance) in enumerate(stats):
+        assert mean.shape == (num_units, 4)
+        for j in range(num_units):
+            np.testing.assert_allclose(mean[j], expected_moments[j][layer][0], atol=1e-5)
+            np.testing.assert_allclose(variance[j], expected_moments[j][layer][1],
+                                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_training_graph_keeps_only_the_saved_layout(recompute):
+    # The forward loop pushes exactly the tensors of saved_layout (15 for a
+    # pre-activation bottleneck; with recompute only the unit's input) and the
+    # backward loop pops them; automatic differentiation of the loop would
+    # keep every intermediate it meets (about seventy pushes per unit).  The
+    # graph's size does not depend on the number of units.
+    program = unit_loop.unit_program("full_preactivation", 3)
+    rng = np.random.default_rng(0)
+
+    def op_types(num_units):
+        units = [_unit_weights(program, 3, 4, False, rng) for _ in range(num_units)]
+        stacked = ([tf.stack([u[0][i] for u in units]) for i in range(3)],
+                   [tf.stack([u[2][i][0] for u in units]) for i in range(3)],
+                   [tf.stack([u[2][i][1] for u in units]) for i in range(3)])
+
+        @tf.function
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(stacked[0])
+                y, _ = unit_loop.train_loop(program, x, stacked[0], [None] * 3, stacked[1],
+                                            stacked[2], 1e-5, recompute=recompute)
+                loss = tf.reduce_sum(y)
+            return tape.gradient(loss, stacked[0])
+
+        graph_def = step.get_concrete_function(
+            tf.TensorSpec((2, 5, 5, 4))).graph.as_graph_def()
+        nodes = list(graph_def.node)
+        for function in graph_def.library.function:
+            nodes.extend(function.node_def)
+        return [node.op for node in nodes]
+
+    ops = op_types(20)
+    assert "FusedBatchNormGradV3" in ops and "Conv2DBackpropFilter" in ops
+    expected = 1 if recompute else 15
+    assert ops.count("TensorListPushBack") == ops.count("TensorListPopBack") == expected
+    assert len(ops) == len(op_types(40))
