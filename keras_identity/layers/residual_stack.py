@@ -14,7 +14,6 @@ transfer_weights`` moves weights between the two forms.
 
 import keras
 from keras import ops
-import tensorflow as tf
 
 from keras_identity import _checks
 from keras_identity import initializers
@@ -171,44 +170,14 @@ class ResidualStack(keras.layers.Layer):
         biases = [None if b is None else ops.cast(b, dtype) for b in self.conv_biases]
         bns = [tuple(ops.convert_to_tensor(w) for w in ws) for ws in self.bn_weights]
         program = unit_loop.unit_program(self.unit, len(kernels))
-        if training:
-            y, stats = unit_loop.train_loop(
-                program, inputs, kernels, biases, [ws[0] for ws in bns],
-                [ws[1] for ws in bns], self.bn_epsilon, recompute=self.recompute)
-            for (_, _, moving_mean, moving_variance), moments in zip(self.bn_weights, stats):
-                update_moving_statistics(moving_mean, moving_variance, moments,
-                                         self.bn_momentum)
-            return y
-        return self._inference_loop(program, inputs, kernels, biases, bns)
-
-    def _inference_loop(self, program, inputs, kernels, biases, bns):
-        """The units with the moving statistics, differentiated automatically."""
-        n = self.num_units
-        slots, _ = unit_loop.saved_layout(program)
-        present = [b is not None for b in biases]
-        stacked = (list(kernels) + [b for b in biases if b is not None]
-                   + [w for ws in bns for w in ws])
-        # Each stacked weight as a list of per-unit tensors: reading element j
-        # has a gradient that sets element j of a list, so a backward pass
-        # writes each unit's weight gradient once (slicing ``kernel[j]``
-        # would add a dense gradient of the whole stack in every iteration).
-        lists = [tf.TensorArray(w.dtype, size=n, element_shape=w.shape[1:]).unstack(w)
-                 for w in stacked]
-
-        def body(j, x):
-            weights = iter([weight_list.read(j) for weight_list in lists])
-            unit_kernels = [next(weights) for _ in kernels]
-            unit_biases = [next(weights) if has else None for has in present]
-            unit_bns = [tuple(next(weights) for _ in range(4)) for _ in bns]
-            y, _, _ = unit_loop.forward(program, slots, x, unit_kernels, unit_biases,
-                                        unit_bns, self.bn_epsilon, training=False)
-            return j + 1, y
-
-        # tf.while_loop rather than keras.ops.fori_loop: XLA needs the trip
-        # count (maximum_iterations) to differentiate the loop.
-        _, y = tf.while_loop(lambda j, _: j < n, body,
-                             (ops.convert_to_tensor(0, "int32"), inputs),
-                             maximum_iterations=n)
+        if not training:
+            return unit_loop.inference_loop(program, inputs, kernels, biases, bns,
+                                            self.bn_epsilon)
+        y, stats = unit_loop.train_loop(program, inputs, kernels, biases,
+                                        [ws[:2] for ws in bns], self.bn_epsilon,
+                                        recompute=self.recompute)
+        for (_, _, moving_mean, moving_variance), moments in zip(self.bn_weights, stats):
+            update_moving_statistics(moving_mean, moving_variance, moments, self.bn_momentum)
         return y
 
     def compute_output_shape(self, input_shape):

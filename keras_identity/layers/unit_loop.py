@@ -186,39 +186,81 @@ def _pop(stack, dtype, shape):
     return stack, tensor
 
 
-def train_loop(program, inputs, kernels, biases, gammas, betas, epsilon, recompute=False):
+def _flatten(kernels, biases, bns):
+    """Weights as one list: the kernels, the biases present, each BN's tuple."""
+    return list(kernels) + [b for b in biases if b is not None] + [w for ws in bns for w in ws]
+
+
+def _unflatten(values, kernels, biases, bns):
+    """The inverse of :func:`_flatten` (for one unit's slices, or gradients)."""
+    values = iter(values)
+    return ([next(values) for _ in kernels],
+            [None if b is None else next(values) for b in biases],
+            [tuple(next(values) for _ in ws) for ws in bns])
+
+
+def _per_unit(dtype, num_units, stacked=None, shape=None):
+    """A list of ``num_units`` tensors; ``stacked`` (if given) split along axis 0.
+
+    Reading element j has a gradient that sets element j of a list, so a
+    backward pass writes each unit's weight gradient once (slicing
+    ``kernel[j]`` would add a dense gradient of the whole stack in every
+    iteration).
+    """
+    array = tf.TensorArray(dtype, size=num_units, element_shape=shape,
+                           clear_after_read=False)
+    return array if stacked is None else array.unstack(stacked)
+
+
+def _unit_weights(arrays, j, kernels, biases, bns):
+    return _unflatten([a.read(j) for a in arrays], kernels, biases, bns)
+
+
+def inference_loop(program, inputs, kernels, biases, bns, epsilon):
+    """``num_units`` units of ``program`` with their moving statistics.
+
+    Weights as for :func:`train_loop`, with ``bns[i] = (gamma, beta,
+    moving_mean, moving_variance)``; TensorFlow differentiates this loop
+    automatically (for input saliency, or fine-tuning with BN frozen).
+    """
+    num_units = kernels[0].shape[0]
+    slots, _ = saved_layout(program)
+    weights = [_per_unit(w.dtype, num_units, w, w.shape[1:])
+               for w in _flatten(kernels, biases, bns)]
+
+    def body(j, x):
+        y, _, _ = forward(program, slots, x, *_unit_weights(weights, j, kernels, biases, bns),
+                          epsilon, training=False)
+        return j + 1, y
+
+    # tf.while_loop rather than keras.ops.fori_loop: XLA needs the trip
+    # count (maximum_iterations) to differentiate the loop.
+    _, y = tf.while_loop(lambda j, _: j < num_units, body, (tf.constant(0), inputs),
+                         maximum_iterations=num_units)
+    return y
+
+
+def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute=False):
     """``num_units`` units of ``program`` over stacked weights, in training mode.
 
-    ``kernels``, ``biases`` (entries may be ``None``), ``gammas`` and
-    ``betas`` hold one tensor per layer of the unit, stacked over units along
-    axis 0.  Returns the output and, per BN layer in order, the batch mean
-    and biased batch variance of every unit, shape ``(num_units, channels)``
-    (without gradient).  The gradient is the loop of :func:`backward`; with
-    ``recompute`` the forward loop keeps only each unit's input and the
-    backward loop runs the unit forward again before differentiating it.
+    ``kernels``, ``biases`` (entries may be ``None``) and ``bns`` (``(gamma,
+    beta)`` pairs) hold one tensor per layer of the unit, stacked over units
+    along axis 0.  Returns the output and, per BN layer in order, the batch
+    mean and biased batch variance of every unit, shape ``(num_units,
+    channels)`` (without gradient).  The gradient is the loop of
+    :func:`backward`; with ``recompute`` the forward loop keeps only each
+    unit's input and the backward loop runs the unit forward again before
+    differentiating it.
     """
     num_units = kernels[0].shape[0]
     slots, kinds = saved_layout(program)
-    present = [b is not None for b in biases]
-
-    def unpack(values):
-        values = iter(values)
-        unit_kernels = [next(values) for _ in kernels]
-        unit_biases = [next(values) if has else None for has in present]
-        unit_gammas = [next(values) for _ in gammas]
-        return unit_kernels, unit_biases, [(g, next(values)) for g in unit_gammas]
 
     def read(arrays, j):
-        return unpack([a.read(j) for a in arrays])
-
-    def per_unit(dtype, stacked=None, shape=None):
-        array = tf.TensorArray(dtype, size=num_units, element_shape=shape,
-                               clear_after_read=False)
-        return array if stacked is None else array.unstack(stacked)
+        return _unit_weights(arrays, j, kernels, biases, bns)
 
     @tf.custom_gradient
     def run(x, *stacked):
-        weights = [per_unit(w.dtype, w, w.shape[1:]) for w in stacked]
+        weights = [_per_unit(w.dtype, num_units, w, w.shape[1:]) for w in stacked]
         # The tensors for the backward pass go on stacks that the backward
         # loop pops, freeing each unit's tensors once it is differentiated
         # (as TensorFlow's own while-loop gradient does).
@@ -226,7 +268,7 @@ def train_loop(program, inputs, kernels, biases, gammas, betas, epsilon, recompu
             x.dtype if kind == "features" else tf.float32 for kind in kinds]
         store = tuple(_empty_stack(dtype, num_units) for dtype in dtypes)
         shapes = {}
-        stats = tuple(per_unit(tf.float32) for _ in range(2 * len(gammas)))
+        stats = tuple(_per_unit(tf.float32, num_units) for _ in range(2 * len(bns)))
 
         def body(j, x, store, stats):
             y, moments, saved = forward(program, slots, x, *read(weights, j), epsilon)
@@ -243,7 +285,7 @@ def train_loop(program, inputs, kernels, biases, gammas, betas, epsilon, recompu
             maximum_iterations=num_units)
 
         def grad(dy, *unused_stat_grads):
-            grads = tuple(per_unit(w.dtype, shape=w.shape[1:]) for w in stacked)
+            grads = tuple(_per_unit(w.dtype, num_units, shape=w.shape[1:]) for w in stacked)
 
             def back(k, g, store, grads):
                 j = num_units - 1 - k
@@ -264,8 +306,7 @@ def train_loop(program, inputs, kernels, biases, gammas, betas, epsilon, recompu
                     saved = dict(enumerate(kept))
                 dx, dkernels, dbiases, dbns = backward(program, slots, saved, g,
                                                        *unit_weights, epsilon)
-                flat = (dkernels + [d for d in dbiases if d is not None]
-                        + [d[0] for d in dbns] + [d[1] for d in dbns])
+                flat = _flatten(dkernels, dbiases, dbns)
                 return k + 1, dx, store, tuple(a.write(j, d) for a, d in zip(grads, flat))
 
             _, dx, _, grads = tf.while_loop(
@@ -276,8 +317,6 @@ def train_loop(program, inputs, kernels, biases, gammas, betas, epsilon, recompu
         return (y, *[a.stack() for a in stats]), grad
 
     # Tensors, not variables: the custom gradient is with respect to its inputs.
-    stacked = [tf.convert_to_tensor(w) for w in
-               list(kernels) + [b for b in biases if b is not None] + list(gammas)
-               + list(betas)]
+    stacked = [tf.convert_to_tensor(w) for w in _flatten(kernels, biases, bns)]
     y, *stats = run(inputs, *stacked)
-    return y, [tuple(stats[2 * i:2 * i + 2]) for i in range(len(gammas))]
+    return y, [tuple(stats[2 * i:2 * i + 2]) for i in range(len(bns))]

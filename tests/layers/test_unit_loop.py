@@ -100,8 +100,8 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute):
 
     with tf.GradientTape() as tape:
         tape.watch(sources)
-        y, stats = unit_loop.train_loop(program, x, kernels, [None] * num_layers, gammas,
-                                        betas, 1e-5, recompute=recompute)
+        y, stats = unit_loop.train_loop(program, x, kernels, [None] * num_layers,
+                                        list(zip(gammas, betas)), 1e-5, recompute=recompute)
         loss = tf.reduce_sum(y * upstream)
     got = tape.gradient(loss, sources)
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
@@ -135,8 +135,9 @@ def test_training_graph_keeps_only_the_saved_layout(recompute):
         def step(x):
             with tf.GradientTape() as tape:
                 tape.watch(stacked[0])
-                y, _ = unit_loop.train_loop(program, x, stacked[0], [None] * 3, stacked[1],
-                                            stacked[2], 1e-5, recompute=recompute)
+                y, _ = unit_loop.train_loop(program, x, stacked[0], [None] * 3,
+                                            list(zip(stacked[1], stacked[2])), 1e-5,
+                                            recompute=recompute)
                 loss = tf.reduce_sum(y)
             return tape.gradient(loss, stacked[0])
 
