@@ -31,8 +31,9 @@ from benchmarks import machine
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["preact_resnet164", "preact_resnet1001"],
                   "CIFAR bottleneck pre-activation ResNets, preact_resnet<9n+2>.")
-flags.DEFINE_list("modes", ["unrolled", "scan", "scan_recompute"],
-                  "Keras stage modes: unrolled, scan, scan_recompute (scan with the "
+flags.DEFINE_list("modes", ["unrolled", "scan", "scan_bn_relu", "scan_recompute"],
+                  "Keras stage modes: unrolled, scan, scan_bn_relu (scan with the BN-ReLU "
+                  "outputs recomputed in the backward pass), scan_recompute (scan with the "
                   "units' activations recomputed in the backward pass).")
 flags.DEFINE_list("batch_sizes", ["preact_resnet164:64", "preact_resnet1001:16"],
                   "Training batch size per model, model:batch (default 32).")
@@ -55,7 +56,9 @@ flags.DEFINE_string("worker", None, "Internal: run one measurement, framework:mo
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s) for model FLOP utilisation.
 _KNOWN_PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "V100": 125.0, "T4": 65.0,
                 "L4": 121.0}
-MODES = ("unrolled", "scan", "scan_recompute")
+# Benchmark mode: (stage_mode, recompute) of the builder.
+MODES = {"unrolled": ("unrolled", "none"), "scan": ("scan", "none"),
+         "scan_bn_relu": ("scan", "bn_relu"), "scan_recompute": ("scan", "unit")}
 
 
 def _depth(model):
@@ -105,7 +108,7 @@ def _measure_keras(depth, mode, batch, steps, warmup):
         keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
     keras.utils.set_random_seed(0)
     start = time.perf_counter()
-    stage_mode, recompute = ("scan", True) if mode == "scan_recompute" else (mode, False)
+    stage_mode, recompute = MODES[mode]
     model = ki.models.preact_resnet(depth, stage_mode=stage_mode, recompute=recompute)
     build_s = time.perf_counter() - start
     params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)

@@ -40,8 +40,10 @@ flags.DEFINE_float("stochastic_depth_rate", 0.0, "Stochastic depth rate of the l
 flags.DEFINE_enum("stage_mode", "auto", ["auto", "unrolled", "scan"], "ResNet stages as one "
                   "layer per unit (unrolled) or one looped layer (scan: start-up flat in "
                   "depth); auto loops stages of 12+ units.")
-flags.DEFINE_bool("recompute", False, "Recompute the looped units' activations in the "
-                  "backward pass (less memory, e.g. ResNet-1001 at batch 128).")
+flags.DEFINE_enum("recompute", "none", ["none", "bn_relu", "unit"], "What the looped "
+                  "units compute again in the backward pass instead of keeping: nothing, "
+                  "the BN-ReLU outputs (half the activation memory) or all but each "
+                  "unit's input (e.g. ResNet-1001 at batch 128).")
 flags.DEFINE_enum("dataset", "mnist", ["mnist", "cifar10", "cifar100", "imagenet"], "Dataset.")
 flags.DEFINE_string("data_dir", None, "Offline data (.npz, image folder or .tar.gz, or a "
                     "folder holding one) or a tensorflow_datasets data directory.")

@@ -69,16 +69,20 @@ class ResidualStack(keras.layers.Layer):
             fan-out, as :class:`ResidualUnit`.
         kernel_regularizer: applied to every stacked kernel (a sum over
             units, as for the unrolled layers with an additive penalty).
-        recompute: keep only each unit's input for the backward pass and
-            run the unit forward again there before differentiating it:
-            activation memory of a stage falls from about ten feature maps
-            per unit to one, for one more forward pass of compute.
+        recompute: what the backward pass computes again rather than keeps
+            (see :mod:`~keras_identity.layers.unit_loop`): ``"none"`` (or
+            ``False``) keeps every tensor the gradient reads; ``"bn_relu"``
+            recomputes each BN-ReLU output from the BN's input, halving a
+            pre-activation bottleneck stage's activation memory for one
+            BN-ReLU pass per BN; ``"unit"`` (or ``True``) keeps only each
+            unit's input and runs the unit forward again, one feature map
+            per unit for one more forward pass of compute.
     """
 
     def __init__(self, filters, num_units, *, block="basic", unit="full_preactivation",
                  first_unit=2, bottleneck_width=None, kernel_size=3, use_bias=False,
                  bn_momentum=0.9, bn_epsilon=1e-5, kernel_initializer=None,
-                 kernel_regularizer=None, recompute=False, **kwargs):
+                 kernel_regularizer=None, recompute="none", **kwargs):
         super().__init__(**kwargs)
         self.filters = _checks.check_positive_int("filters", filters)
         self.num_units = _checks.check_positive_int("num_units", num_units)
@@ -90,7 +94,7 @@ class ResidualStack(keras.layers.Layer):
         set_weight_arguments(self, use_bias=use_bias, bn_momentum=bn_momentum,
                              bn_epsilon=bn_epsilon, kernel_initializer=kernel_initializer,
                              kernel_regularizer=kernel_regularizer)
-        self.recompute = bool(recompute)
+        self.recompute = unit_loop.check_recompute(recompute)
         if keras.backend.backend() != "tensorflow":
             raise ValueError(f"{type(self).__name__} needs the TensorFlow backend; the "
                              f"backend is {keras.backend.backend()!r}.")

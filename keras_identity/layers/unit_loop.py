@@ -18,6 +18,21 @@ A unit is described by a *program*, the list of its operations in order (see
 :func:`unit_program`), so one forward and one backward interpreter serve all
 five orderings of Fig. 4 and the three blocks; the forward interpreter also
 runs the units at inference (moving statistics) for ``ResidualStack``.
+
+What the forward loop keeps is set by ``recompute`` (:data:`RECOMPUTE`):
+
+* ``"none"``: every tensor a gradient kernel reads (for a pre-activation
+  bottleneck, six feature maps per unit: the input, the three ReLU outputs
+  the convolutions also read, the inputs of BN 2 and 3);
+* ``"bn_relu"``: the output of a ReLU that follows a BN is not kept; the
+  backward pass recomputes ``relu(BN(x))`` from the kept BN input and batch
+  moments just before differentiating it (the cheap-operation recomputation
+  of Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost").
+  For the pre-activation bottleneck this halves the kept feature-map memory
+  (the input and the inputs of BN 2 and 3, 4d + d + d channels per unit
+  instead of 12d) for one BN-ReLU pass per BN;
+* ``"unit"``: only each unit's input; the backward pass runs the whole unit
+  forward again (one more forward pass of compute).
 """
 
 import tensorflow as tf
@@ -27,6 +42,27 @@ from keras_identity.layers.fused_batch_normalization import fused_batch_norm
 
 ADD = ("add",)
 RELU = ("relu",)
+RECOMPUTE = ("none", "bn_relu", "unit")
+
+
+def check_recompute(recompute):
+    """``recompute`` as one of :data:`RECOMPUTE`.
+
+    ``False``/``None`` mean ``"none"`` and ``True`` means ``"unit"`` (the
+    whole-unit recomputation that ``recompute=True`` always selected).
+
+    Raises:
+        ValueError: for any other value.
+    """
+    if recompute is None or recompute is False:
+        return "none"
+    if recompute is True:
+        return "unit"
+    if isinstance(recompute, str) and recompute in RECOMPUTE:
+        return recompute
+    choices = ", ".join(repr(r) for r in RECOMPUTE)
+    raise ValueError(f"recompute={recompute!r} is not valid; expected one of: {choices} "
+                     f"(or True for 'unit', False for 'none').")
 
 
 def unit_program(unit, num_layers):
@@ -73,16 +109,21 @@ def _batch_norm(x, gamma, beta, epsilon):
     return y, (mean, biased_variance(x, variance)), (reserve1, reserve2, reserve3)
 
 
-def saved_layout(program):
+def saved_layout(program, recompute="none"):
     """Where each step keeps the tensors its gradient needs.
 
     Returns ``(slots, kinds)``: ``slots[k]`` are the indices of the saved
     tensors step ``k`` reads in the backward pass (a convolution its input; a
     BN its input and three reserve tensors; a ReLU its output) and
-    ``kinds[i]`` is ``"features"`` (a feature map) or ``"statistics"`` (a BN
-    reserve, float32).  A convolution or BN that directly follows a ReLU reads
-    the ReLU's saved output rather than saving it again.
+    ``kinds[i]`` is ``"features"`` (a feature map), ``"statistics"`` (a BN
+    reserve or batch moment, float32) or ``"recomputed"`` (a feature map the
+    backward pass computes again rather than keeps).  A convolution or BN
+    that directly follows a ReLU reads the ReLU's output rather than saving
+    it again.  With ``recompute="bn_relu"`` a ReLU directly after a BN is
+    ``"recomputed"`` and that BN keeps two more slots, its batch mean and
+    biased batch variance, to recompute it from.
     """
+    recompute = check_recompute(recompute)
     kinds, slots = [], []
 
     def new(kind):
@@ -90,16 +131,21 @@ def saved_layout(program):
         return len(kinds) - 1
 
     current = None  # slot holding the current tensor, if it is saved
-    for step in program:
+    for k, step in enumerate(program):
         if step[0] in ("conv", "bn"):
             features = new("features") if current is None else current
             if step[0] == "conv":
                 slots.append((features,))
             else:
-                slots.append((features,) + tuple(new("statistics") for _ in range(3)))
+                extra = 3
+                if (recompute == "bn_relu" and k + 1 < len(program)
+                        and program[k + 1] == RELU):
+                    extra += 2
+                slots.append((features,) + tuple(new("statistics") for _ in range(extra)))
             current = None
         elif step[0] == "relu":
-            current = new("features")
+            after_bn = k > 0 and program[k - 1][0] == "bn" and len(slots[k - 1]) == 6
+            current = new("recomputed" if after_bn else "features")
             slots.append((current,))
         else:
             slots.append(())
@@ -127,7 +173,7 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True):
             gamma, beta = bns[step[1]]
             saved[slot[0]] = t
             t, m, reserves = _batch_norm(t, gamma, beta, epsilon)
-            saved.update(zip(slot[1:], reserves))
+            saved.update(zip(slot[1:], reserves + m))
             moments.append(m)
         elif step[0] == "relu":
             t = tf.nn.relu(t)
@@ -137,12 +183,38 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True):
     return t, moments, saved
 
 
+def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after):
+    """``relu(BN(x))`` of the ReLU at step ``k`` from its BN's kept input and
+    batch moments, not before ``after`` (the gradient reaching this point)
+    exists: otherwise the backward loop could recompute several units ahead
+    (parallel iterations) and hold what ``"bn_relu"`` saved."""
+    bn_slot, i = slots[k - 1], program[k - 1][1]
+    with tf.control_dependencies([after]):
+        x = tf.identity(saved[bn_slot[0]])
+    y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+        x=x, scale=bns[i][0], offset=bns[i][1], mean=saved[bn_slot[4]],
+        variance=saved[bn_slot[5]], epsilon=epsilon, data_format="NHWC", is_training=False)
+    return tf.nn.relu(y)
+
+
 def backward(program, slots, saved, grad, kernels, biases, bns, epsilon):
     """Gradients of one unit from its saved tensors (see :func:`forward`).
 
-    Returns ``(dx, dkernels, dbiases, dbns)`` with ``dbns[i] = (dgamma,
-    dbeta)``, lists indexed like the weights.
+    A ``"recomputed"`` slot missing from ``saved`` is computed again from its
+    BN's input and moments when the backward pass first reads it.  Returns
+    ``(dx, dkernels, dbiases, dbns)`` with ``dbns[i] = (dgamma, dbeta)``,
+    lists indexed like the weights.
     """
+    saved = dict(saved)
+    made_by = {slot[0]: k for k, (step, slot) in enumerate(zip(program, slots))
+               if step == RELU}
+
+    def read(index, after):
+        if index not in saved:
+            saved[index] = _recompute_bn_relu(program, slots, saved, made_by[index], bns,
+                                              epsilon, after)
+        return saved[index]
+
     dkernels = [None] * len(kernels)
     dbiases = [None] * len(biases)
     dbns = [None] * len(bns)
@@ -150,7 +222,7 @@ def backward(program, slots, saved, grad, kernels, biases, bns, epsilon):
     for step, slot in zip(reversed(program), reversed(slots)):
         if step[0] == "conv":
             i = step[1]
-            inputs = saved[slot[0]]
+            inputs = read(slot[0], grad)
             if biases[i] is not None:
                 dbiases[i] = tf.reduce_sum(grad, axis=(0, 1, 2))
             dkernels[i] = tf.raw_ops.Conv2DBackpropFilter(
@@ -161,14 +233,14 @@ def backward(program, slots, saved, grad, kernels, biases, bns, epsilon):
                 strides=[1, 1, 1, 1], padding="SAME")
         elif step[0] == "bn":
             i = step[1]
-            inputs, reserve1, reserve2, reserve3 = (saved[k] for k in slot)
+            inputs, reserve1, reserve2, reserve3 = (saved[k] for k in slot[:4])
             grad, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
                 y_backprop=grad, x=inputs, scale=bns[i][0], reserve_space_1=reserve1,
                 reserve_space_2=reserve2, reserve_space_3=reserve3, epsilon=epsilon,
                 data_format="NHWC", is_training=True)
             dbns[i] = (dgamma, dbeta)
         elif step[0] == "relu":
-            grad = tf.raw_ops.ReluGrad(gradients=grad, features=saved[slot[0]])
+            grad = tf.raw_ops.ReluGrad(gradients=grad, features=read(slot[0], grad))
         else:
             shortcut_grad = grad
     return grad + shortcut_grad, dkernels, dbiases, dbns
@@ -240,7 +312,7 @@ def inference_loop(program, inputs, kernels, biases, bns, epsilon):
     return y
 
 
-def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute=False):
+def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none"):
     """``num_units`` units of ``program`` over stacked weights, in training mode.
 
     ``kernels``, ``biases`` (entries may be ``None``) and ``bns`` (``(gamma,
@@ -248,12 +320,15 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute=False):
     along axis 0.  Returns the output and, per BN layer in order, the batch
     mean and biased batch variance of every unit, shape ``(num_units,
     channels)`` (without gradient).  The gradient is the loop of
-    :func:`backward`; with ``recompute`` the forward loop keeps only each
-    unit's input and the backward loop runs the unit forward again before
-    differentiating it.
+    :func:`backward`; ``recompute`` (:data:`RECOMPUTE`) sets what the forward
+    loop keeps for it: with ``"unit"`` only each unit's input, and the
+    backward loop runs the unit forward again before differentiating it.
     """
+    recompute = check_recompute(recompute)
+    whole_units = recompute == "unit"
     num_units = kernels[0].shape[0]
-    slots, kinds = saved_layout(program)
+    slots, kinds = saved_layout(program, recompute)
+    kept_slots = [i for i, kind in enumerate(kinds) if kind != "recomputed"]
 
     def read(arrays, j):
         return _unit_weights(arrays, j, kernels, biases, bns)
@@ -264,15 +339,15 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute=False):
         # The tensors for the backward pass go on stacks that the backward
         # loop pops, freeing each unit's tensors once it is differentiated
         # (as TensorFlow's own while-loop gradient does).
-        dtypes = [x.dtype] if recompute else [
-            x.dtype if kind == "features" else tf.float32 for kind in kinds]
+        dtypes = [x.dtype] if whole_units else [
+            x.dtype if kinds[i] == "features" else tf.float32 for i in kept_slots]
         store = tuple(_empty_stack(dtype, num_units) for dtype in dtypes)
         shapes = {}
         stats = tuple(_per_unit(tf.float32, num_units) for _ in range(2 * len(bns)))
 
         def body(j, x, store, stats):
             y, moments, saved = forward(program, slots, x, *read(weights, j), epsilon)
-            kept = [x] if recompute else [saved[i] for i in range(len(kinds))]
+            kept = [x] if whole_units else [saved[i] for i in kept_slots]
             shapes.update(enumerate(t.shape for t in kept))
             store = tuple(tf.raw_ops.TensorListPushBack(input_handle=s, tensor=t)
                           for s, t in zip(store, kept))
@@ -294,7 +369,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute=False):
                 store = tuple(s for s, _ in popped)
                 kept = [t for _, t in popped]
                 unit_weights = read(weights, j)
-                if recompute:
+                if whole_units:
                     # Not before the unit's gradient arrives: otherwise the
                     # loop would run several units' forward passes ahead
                     # (parallel iterations) and hold their activations.
@@ -303,7 +378,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute=False):
                     _, _, saved = forward(program, slots, unit_input, *unit_weights,
                                           epsilon)
                 else:
-                    saved = dict(enumerate(kept))
+                    saved = dict(zip(kept_slots, kept))
                 dx, dkernels, dbiases, dbns = backward(program, slots, saved, g,
                                                        *unit_weights, epsilon)
                 flat = _flatten(dkernels, dbiases, dbns)

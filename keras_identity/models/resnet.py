@@ -144,7 +144,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
            shortcut_scale=0.5, scale_residual=False, gate_bias_init=0.0,
            shortcut_dropout_rate=0.5, stochastic_depth_rate=0.0, stride_on_1x1=True,
            include_top=True, classifier_activation="softmax", kernel_regularizer=None,
-           bn_momentum=0.9, bn_epsilon=1e-5, stage_mode="auto", recompute=False, seed=None,
+           bn_momentum=0.9, bn_epsilon=1e-5, stage_mode="auto", recompute="none", seed=None,
            name=None):
     """Builds a ResNet of ``depth`` layers from :class:`ResidualUnit` layers.
 
@@ -186,10 +186,15 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
             unrolled otherwise).  Build with ``"unrolled"`` to look inside
             each unit (``keras_identity.analysis``).  The forms compute the same function and
             exchange weights with :func:`transfer_weights`.
-        recompute: keep only each looped unit's input for the backward pass
-            and recompute its activations there, so
-            ResNet-1001 trains at larger batches in the same memory; it loops
-            every stage (``stage_mode="unrolled"`` is then an error).
+        recompute: what the looped units compute again in the backward pass
+            instead of keeping it, so ResNet-1001 trains at larger batches in
+            the same memory: ``"none"`` (or ``False``); ``"bn_relu"``, the
+            BN-ReLU outputs (half the kept feature maps of a pre-activation
+            bottleneck, for one BN-ReLU pass per BN); ``"unit"`` (or
+            ``True``), everything but each unit's input (for one more forward
+            pass).  The README's Performance section has the measurements.
+            Other than ``"none"`` it loops every stage
+            (``stage_mode="unrolled"`` is then an error).
         seed: seed for initialisers and random masks (reproducible builds).
         name: model name (default e.g. ``"preact_resnet164"``).
 

@@ -17,6 +17,7 @@ realises a stage of ``num_units`` units in one of two exchangeable forms
 import numpy as np
 
 from keras_identity import _checks
+from keras_identity.layers.unit_loop import check_recompute
 from keras_identity.layers.residual_stack import ResidualStack
 from keras_identity.layers.residual_unit import ResidualUnit
 
@@ -41,27 +42,29 @@ def scan_unsupported_reason(unit_kwargs, stochastic_depth_rates=None):
     return None
 
 
-def check_stage_mode(stage_mode, recompute=False):
+def check_stage_mode(stage_mode, recompute="none"):
     """Validates ``stage_mode`` and its combination with ``recompute``.
 
     Raises:
-        ValueError: for an unknown mode, or ``recompute=True`` with
-            ``"unrolled"`` (recomputation is done by the looped stages).
+        ValueError: for an unknown mode or ``recompute`` value, or any
+            recomputation with ``"unrolled"`` (it is done by the looped
+            stages).
     """
     _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
-    if recompute and stage_mode == "unrolled":
-        raise ValueError("recompute=True is not valid with stage_mode='unrolled'; "
-                         "recomputation is done by the looped stages, use "
-                         "stage_mode='scan' or 'auto'.")
+    if check_recompute(recompute) != "none" and stage_mode == "unrolled":
+        raise ValueError(f"recompute={recompute!r} is not valid with stage_mode='unrolled'; "
+                         f"recomputation is done by the looped stages, use "
+                         f"stage_mode='scan' or 'auto'.")
     return stage_mode
 
 
 def resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rates=None,
-                       recompute=False):
+                       recompute="none"):
     """Returns ``"unrolled"`` or ``"scan"`` for one stage.
 
-    ``recompute=True`` is implemented by the looped layer, so it makes
-    ``"auto"`` loop every stage of more than one unit.
+    Recomputation (``recompute`` other than ``"none"``) is implemented by the
+    looped layer, so it makes ``"auto"`` loop every stage of more than one
+    unit.
 
     Raises:
         ValueError: for an unknown ``stage_mode``, or ``"scan"`` (or
@@ -69,9 +72,9 @@ def resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rate
     """
     check_stage_mode(stage_mode, recompute)
     reason = scan_unsupported_reason(unit_kwargs, stochastic_depth_rates)
-    if recompute:
+    if check_recompute(recompute) != "none":
         if reason is not None:
-            raise ValueError(f"recompute=True is not valid with {reason}.")
+            raise ValueError(f"recompute={recompute!r} is not valid with {reason}.")
         return "scan"
     if stage_mode == "scan" and reason is not None:
         raise ValueError(f"stage_mode='scan' is not valid with {reason}; use "
@@ -83,7 +86,7 @@ def resolve_stage_mode(stage_mode, num_units, unit_kwargs, stochastic_depth_rate
 
 def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
                    first_unit_kwargs=None, stochastic_depth_rates=None,
-                   stage_mode="unrolled", recompute=False):
+                   stage_mode="unrolled", recompute="none"):
     """Adds stage ``stage`` (1-based) of ``num_units`` residual units to ``x``.
 
     Args:
@@ -99,8 +102,9 @@ def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
             shape, and that may share its pre-activation).
         stochastic_depth_rates: one drop rate per unit, or ``None``.
         stage_mode: ``"unrolled"``, ``"scan"`` or ``"auto"`` (see the module).
-        recompute: recompute the looped units' activations in the backward
-            pass (see :class:`ResidualStack`); loops the stage.
+        recompute: ``"none"``, ``"bn_relu"`` or ``"unit"``: what the looped
+            units recompute in the backward pass rather than keep (see
+            :class:`ResidualStack`); other than ``"none"`` it loops the stage.
 
     Returns:
         The stage's output.

@@ -59,7 +59,7 @@ class TrainConfig:
     shortcut_dropout_rate: float = None
     stochastic_depth_rate: float = 0.0
     stage_mode: str = "auto"
-    recompute: bool = False
+    recompute: str = "none"
     dataset: str = "mnist"
     data_dir: str = None
     recipe: str = None

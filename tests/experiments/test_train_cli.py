@@ -24,6 +24,9 @@ def run_cli(module, *args, timeout=300):
     (["--model=resnet", "--depth=20", "--dataset=cifar10", "--data_dir=/no/such/dir"],
      ["data_dir='/no/such/dir' does not exist"]),
     (["--epochs=0"], ["epochs=0"]),
+    (["--recompute=all"], ["--recompute=all", "none|bn_relu|unit"]),
+    (["--model=preact_resnet", "--depth=164", "--stage_mode=unrolled", "--recompute=bn_relu"],
+     ["recompute='bn_relu'", "unrolled"]),
     (["--no_such_flag=1"], ["no_such_flag"]),
     (["positional"], ["unexpected arguments"]),
 ])

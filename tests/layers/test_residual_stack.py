@@ -104,9 +104,11 @@ def test_inference_gradients_equal_unrolled():
     np.testing.assert_allclose(total[1], total[0], rtol=1e-4)
 
 
-def test_recompute_gives_the_same_gradients():
-    unrolled, looped, _ = _pair("full_preactivation", "bottleneck", filters=16,
-                                recompute=True)
+@pytest.mark.parametrize("recompute", ["bn_relu", "unit"])
+def test_recompute_gives_the_same_gradients(recompute):
+    unrolled, looped, stack = _pair("full_preactivation", "bottleneck", filters=16,
+                                    recompute=recompute)
+    assert ResidualStack.from_config(stack.get_config()).recompute == recompute
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2, 6, 6, 16)).astype("float32")
     target = rng.normal(size=x.shape).astype("float32")
@@ -181,10 +183,19 @@ def test_stacked_kernels_initialised_per_unit():
     (dict(filters=8, num_units=2, unit="post"), "unit"),
     (dict(filters=8, num_units=2, block="triple"), "block"),
     (dict(filters=8, num_units=2, kernel_size=2), "kernel_size"),
+    (dict(filters=8, num_units=2, recompute="yes"), "recompute='yes'.*'bn_relu'"),
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ResidualStack(**kwargs)
+
+
+def test_configs_with_boolean_recompute_still_load():
+    # recompute was a bool before "bn_relu": True meant the whole unit.
+    config = ResidualStack(8, 2).get_config()
+    assert config["recompute"] == "none"
+    config["recompute"] = True
+    assert ResidualStack.from_config(config).recompute == "unit"
 
 
 def test_input_channels_must_match_filters():
@@ -213,3 +224,26 @@ def test_mixed_precision_computes_in_bfloat16_with_float32_statistics():
     assert got.dtype == "bfloat16" and out.dtype == "bfloat16"
     assert mixed.bn_weights[0][2].dtype == "float32"
     np.testing.assert_allclose(np.asarray(got, "float32"), expected, rtol=0.05, atol=0.1)
+
+
+def test_bn_relu_recompute_in_bfloat16_gives_the_gradients_of_keeping_everything():
+    # The recomputed BN-ReLU output is computed in the compute dtype from the
+    # same input and moments, so the bfloat16 gradients match (float32 ones
+    # are checked against the unrolled model above).
+    x = np.random.default_rng(3).normal(size=(2, 6, 6, 16)).astype("float32")
+    grads = {}
+    try:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        for recompute in ("none", "bn_relu"):
+            keras.utils.set_random_seed(0)
+            stack = ResidualStack(16, 3, block="bottleneck", recompute=recompute)
+            stack.build((None, 6, 6, 16))
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(tf.cast(stack(x, training=True), "float32")))
+            grads[recompute] = tape.gradient(loss, stack.trainable_variables)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert len(grads["none"]) == len(grads["bn_relu"]) == 9
+    for got, expected in zip(grads["bn_relu"], grads["none"]):
+        assert float(tf.reduce_max(tf.abs(expected))) > 0
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)

@@ -39,6 +39,38 @@ def test_saved_layout_reuses_relu_outputs_as_convolution_inputs():
     assert slots[-1] == ()
 
 
+def test_bn_relu_recompute_keeps_half_the_feature_maps_of_a_bottleneck():
+    # Pre-activation bottleneck with 16 channels and width 4: kept feature
+    # channels per pixel are 16 (input) + 16 + 4 + 4 (ReLU outputs) + 4 + 4
+    # (BN 2 and 3 inputs) = 48 without recomputation, 16 + 4 + 4 = 24 with
+    # the BN-ReLU outputs recomputed; each recomputed BN keeps its two
+    # moments (float32 vectors) instead.
+    program = unit_loop.unit_program("full_preactivation", 3)
+    x = tf.random.normal((2, 5, 5, 16))
+    kernels = [tf.random.normal(s) for s in [(1, 1, 16, 4), (3, 3, 4, 4), (1, 1, 4, 16)]]
+    bns = [(tf.ones(c), tf.zeros(c)) for c in (16, 4, 4)]
+    channels = {}
+    for recompute in ("none", "bn_relu"):
+        slots, kinds = unit_loop.saved_layout(program, recompute)
+        _, _, saved = unit_loop.forward(program, slots, x, kernels, [None] * 3, bns, 1e-5)
+        channels[recompute] = sum(saved[i].shape[-1] for i, kind in enumerate(kinds)
+                                  if kind == "features")
+        if recompute == "bn_relu":
+            assert kinds.count("recomputed") == 3 and kinds.count("statistics") == 9 + 6
+            assert [slots[k] for k, step in enumerate(program) if step == RELU] == [
+                slots[program.index(CONV(i))] for i in range(3)]
+    assert channels == {"none": 48, "bn_relu": 24}
+
+
+def test_check_recompute():
+    assert unit_loop.check_recompute(False) == unit_loop.check_recompute(None) == "none"
+    assert unit_loop.check_recompute(True) == "unit"
+    assert unit_loop.check_recompute("bn_relu") == "bn_relu"
+    with pytest.raises(ValueError, match="recompute='all' is not valid.*'none', 'bn_relu', "
+                                         "'unit'"):
+        unit_loop.check_recompute("all")
+
+
 def _unit_weights(program, num_layers, channels, use_bias, rng):
     kernels = [tf.constant(rng.normal(scale=0.3, size=(3, 3, channels, channels)),
                            tf.float32) for _ in range(num_layers)]
@@ -49,12 +81,13 @@ def _unit_weights(program, num_layers, channels, use_bias, rng):
     return kernels, biases, bns
 
 
+@pytest.mark.parametrize("recompute", ["none", "bn_relu"])
 @pytest.mark.parametrize("unit", UNITS)
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
-def test_backward_equals_automatic_differentiation(unit, num_layers):
+def test_backward_equals_automatic_differentiation(unit, num_layers, recompute):
     rng = np.random.default_rng(num_layers)
     program = unit_loop.unit_program(unit, num_layers)
-    slots, _ = unit_loop.saved_layout(program)
+    slots, kinds = unit_loop.saved_layout(program, recompute)
     kernels, biases, bns = _unit_weights(program, num_layers, 4, True, rng)
     x = tf.constant(rng.normal(size=(3, 5, 5, 4)), tf.float32)
     upstream = tf.constant(rng.normal(size=(3, 5, 5, 4)), tf.float32)
@@ -64,6 +97,14 @@ def test_backward_equals_automatic_differentiation(unit, num_layers):
         y, moments, saved = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5)
         loss = tf.reduce_sum(y * upstream)
     expected = tape.gradient(loss, sources)
+    # What the forward loop would keep: the backward pass recomputes the rest.
+    saved = {i: t for i, t in saved.items() if kinds[i] != "recomputed"}
+    assert len(saved) == len(kinds) - kinds.count("recomputed")
+    # A ReLU directly after a BN: one per layer, but none after the last BN
+    # of "original" (the addition comes between) nor before the first
+    # convolution of "relu_only_preactivation" (no BN before it).
+    per_layer = num_layers - (unit in ("original", "relu_only_preactivation"))
+    assert kinds.count("recomputed") == (per_layer if recompute == "bn_relu" else 0)
     dx, dkernels, dbiases, dbns = unit_loop.backward(program, slots, saved, upstream,
                                                      kernels, biases, bns, 1e-5)
     got = [dx] + dkernels + dbiases + [g for pair in dbns for g in pair]
@@ -73,7 +114,7 @@ def test_backward_equals_automatic_differentiation(unit, num_layers):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
 
 
-@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "bn_relu", "unit"])
 def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute):
     rng = np.random.default_rng(0)
     num_units, num_layers = 3, 2
@@ -115,10 +156,12 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute):
                                        rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "bn_relu", "unit"])
 def test_training_graph_keeps_only_the_saved_layout(recompute):
     # The forward loop pushes exactly the tensors of saved_layout (15 for a
-    # pre-activation bottleneck; with recompute only the unit's input) and the
+    # pre-activation bottleneck: 6 feature maps and 9 BN reserves; with
+    # bn_relu 3 feature maps, 9 reserves and 6 moments; with unit recompute
+    # only the unit's input) and the
     # backward loop pops them; automatic differentiation of the loop would
     # keep every intermediate it meets (about seventy pushes per unit).  The
     # graph's size does not depend on the number of units.
@@ -150,6 +193,8 @@ def test_training_graph_keeps_only_the_saved_layout(recompute):
 
     ops = op_types(20)
     assert "FusedBatchNormGradV3" in ops and "Conv2DBackpropFilter" in ops
-    expected = 1 if recompute else 15
+    expected = {"none": 15, "bn_relu": 18, "unit": 1}[recompute]
     assert ops.count("TensorListPushBack") == ops.count("TensorListPopBack") == expected
+    # bn_relu: the three BN-ReLU outputs are computed again in the backward loop.
+    assert ops.count("FusedBatchNormV3") == 3 * (1 + (recompute != "none"))
     assert len(ops) == len(op_types(40))

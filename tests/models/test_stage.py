@@ -108,11 +108,12 @@ def test_scan_model_trains_like_unrolled_with_fit():
                                rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("recompute", [False, True])
+@pytest.mark.parametrize("recompute", [False, "bn_relu", True])
 def test_scan_model_trains_with_xla(recompute):
     model = ki.models.preact_resnet(29, stage_mode="scan", recompute=recompute,
                                     input_shape=(8, 8, 3), seed=0)
-    assert model.get_layer("stage1_units2to3").recompute == recompute
+    expected = {False: "none", "bn_relu": "bn_relu", True: "unit"}[recompute]
+    assert model.get_layer("stage1_units2to3").recompute == expected
     model.compile(keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy",
                   jit_compile=True)
     rng = np.random.default_rng(0)
@@ -139,6 +140,9 @@ def test_scan_model_keras_and_savedmodel_round_trip(tmp_path):
     (dict(stage_mode="scan", shortcut="exclusive_gating"), "stage_mode='scan'.*shortcut"),
     (dict(stage_mode="scan", stochastic_depth_rate=0.1), "stochastic_depth"),
     (dict(stage_mode="unrolled", recompute=True), "recompute=True.*unrolled"),
+    (dict(stage_mode="unrolled", recompute="bn_relu"), "recompute='bn_relu'.*unrolled"),
+    (dict(recompute="bn_relu", shortcut="exclusive_gating"), "recompute='bn_relu'.*shortcut"),
+    (dict(recompute="activations"), "recompute='activations' is not valid"),
 ])
 def test_bad_stage_mode_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
