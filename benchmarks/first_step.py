@@ -28,6 +28,10 @@ from absl import app
 from absl import flags
 
 from benchmarks import machine
+from keras_identity import _checks
+from keras_identity.layers.unit_loop import check_recompute
+from keras_identity.models.resnet import resolve_depth
+from keras_identity.models.stage import check_stage_mode
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("depth", 164, "Depth of the pre-activation bottleneck ResNet (9n+2).")
@@ -59,7 +63,8 @@ def measure(depth, batch_size, stage_mode, recompute, steps, pretouch_mb):
     import keras_identity as ki
 
     keras.utils.set_random_seed(0)
-    model = ki.models.preact_resnet(depth, stage_mode=stage_mode, recompute=recompute)
+    model = ki.models.preact_resnet(depth, block="bottleneck", stage_mode=stage_mode,
+                                    recompute=recompute)
     model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
                   loss="sparse_categorical_crossentropy")
     ki.training.build_optimizer(model)
@@ -94,24 +99,26 @@ def measure(depth, batch_size, stage_mode, recompute, steps, pretouch_mb):
         peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
 
 
+def _check_flags():
+    """The library's own checks, each reported as a one-line flag error."""
+    checks = (
+        ("depth", lambda: resolve_depth(FLAGS.depth, "cifar10", "bottleneck")),
+        ("recompute", lambda: check_recompute(FLAGS.recompute)),
+        ("stage_mode", lambda: check_stage_mode(FLAGS.stage_mode, FLAGS.recompute)),
+        ("batch_size", lambda: _checks.check_positive_int("batch_size", FLAGS.batch_size)),
+        ("steps", lambda: _checks.check_positive_int("steps", FLAGS.steps)),
+        ("pretouch_mb", lambda: _checks.check_range("pretouch_mb", FLAGS.pretouch_mb, low=0)))
+    for name, check in checks:
+        try:
+            check()
+        except ValueError as error:
+            sys.exit(f"benchmarks.first_step: --{name}={getattr(FLAGS, name)}: {error}")
+
+
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"benchmarks.first_step: unexpected arguments {argv[1:]}")
-    if (FLAGS.depth - 2) % 9 or FLAGS.depth < 11:
-        sys.exit(f"benchmarks.first_step: --depth={FLAGS.depth} is not valid; expected 9n+2 "
-                 f"with n >= 1 (164, 1001).")
-    for name in ("batch_size", "steps"):
-        if getattr(FLAGS, name) < 1:
-            sys.exit(f"benchmarks.first_step: --{name}={getattr(FLAGS, name)} is not valid; "
-                     f"expected an integer >= 1.")
-    for name, allowed in (("stage_mode", ("scan", "unrolled", "auto")),
-                          ("recompute", ("none", "bn_relu", "unit"))):
-        if getattr(FLAGS, name) not in allowed:
-            sys.exit(f"benchmarks.first_step: --{name}={getattr(FLAGS, name)} is not valid; "
-                     f"expected one of {', '.join(allowed)}.")
-    if FLAGS.pretouch_mb < 0:
-        sys.exit(f"benchmarks.first_step: --pretouch_mb={FLAGS.pretouch_mb} is not valid; "
-                 f"expected >= 0.")
+    _check_flags()
     row = measure(FLAGS.depth, FLAGS.batch_size, FLAGS.stage_mode, FLAGS.recompute,
                   FLAGS.steps, FLAGS.pretouch_mb)
     row.update(model=f"preact_resnet{FLAGS.depth}", batch=FLAGS.batch_size,

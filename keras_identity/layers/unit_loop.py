@@ -144,7 +144,7 @@ def saved_layout(program, recompute="none"):
                 slots.append((features,) + tuple(new("statistics") for _ in range(extra)))
             current = None
         elif step[0] == "relu":
-            after_bn = k > 0 and program[k - 1][0] == "bn" and len(slots[k - 1]) == 6
+            after_bn = recompute == "bn_relu" and k > 0 and program[k - 1][0] == "bn"
             current = new("recomputed" if after_bn else "features")
             slots.append((current,))
         else:
@@ -191,9 +191,7 @@ def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after):
     bn_slot, i = slots[k - 1], program[k - 1][1]
     with tf.control_dependencies([after]):
         x = tf.identity(saved[bn_slot[0]])
-    y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-        x=x, scale=bns[i][0], offset=bns[i][1], mean=saved[bn_slot[4]],
-        variance=saved[bn_slot[5]], epsilon=epsilon, data_format="NHWC", is_training=False)
+    y, _ = fused_batch_norm(x, *bns[i], saved[bn_slot[4]], saved[bn_slot[5]], epsilon, False)
     return tf.nn.relu(y)
 
 
