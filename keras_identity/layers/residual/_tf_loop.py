@@ -48,6 +48,9 @@ from keras_identity.layers.fused_batch_normalization import biased_variance
 from keras_identity.layers.fused_batch_normalization import fused_batch_norm
 from keras_identity.layers.residual.orderings import RELU
 
+# Gates have their gradient written out (GateAddition).
+WRITES_GATE_GRADIENT = True
+
 
 def _conv(x, kernel, bias):
     y = tf.nn.conv2d(x, kernel, strides=1, padding="SAME")

@@ -52,15 +52,20 @@ def check_recompute(recompute):
                      f"(or True for 'unit', False for 'none').")
 
 
-def _tf_loop():
-    """The TensorFlow loop with the written-out gradient (TensorFlow only)."""
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(f"ResidualStack's loop runs on the TensorFlow backend; the backend "
-                         f"is {keras.backend.backend()!r} (build the model with "
-                         f"stage_mode='unrolled').")
-    from keras_identity.layers.residual import _tf_loop
+def _loop():
+    """The loop over units for the backend: TensorFlow's ``while_loop`` with
+    the written-out gradient, or JAX's ``lax.scan`` with rematerialisation."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        from keras_identity.layers.residual import _tf_loop
 
-    return _tf_loop
+        return _tf_loop
+    if backend == "jax":
+        from keras_identity.layers.residual import _jax_loop
+
+        return _jax_loop
+    raise ValueError(f"ResidualStack's loop runs on the TensorFlow and JAX backends; the "
+                     f"backend is {backend!r} (build the model with stage_mode='unrolled').")
 
 
 @keras.saving.register_keras_serializable(package="keras_identity")
@@ -157,7 +162,7 @@ class ResidualStack(keras.layers.Layer):
         needs_rng = self.stochastic_depth_rates is not None or self._shortcut.random
         self.seed_generator = keras.random.SeedGenerator(seed) if needs_rng else None
         self._program = orderings.unit_program(self.unit, blocks.LAYERS_PER_UNIT[self.block])
-        _tf_loop()
+        _loop()
 
     @classmethod
     def from_config(cls, config):
@@ -244,7 +249,7 @@ class ResidualStack(keras.layers.Layer):
         shortcut, rates = self._shortcut, self.stochastic_depth_rates
         if isinstance(shortcut, shortcuts.Identity) and rates is None:
             return None
-        if shortcut.gated and rates is None:
+        if shortcut.gated and rates is None and loop.WRITES_GATE_GRADIENT:
             return loop.GateAddition(shortcut, *(ops.convert_to_tensor(
                 self.shortcut_weights[f"gate/{kind}"]) for kind in ("kernel", "bias")))
         dtype = self.compute_dtype
@@ -293,7 +298,7 @@ class ResidualStack(keras.layers.Layer):
                              needs_values=shortcut.needs_values)
 
     def call(self, inputs, training=None):
-        loop = _tf_loop()
+        loop = _loop()
         training = bool(training) and self.trainable
         dtype = self.compute_dtype
         kernels = [ops.cast(k, dtype) for k in self.conv_kernels]

@@ -1,0 +1,49 @@
+"""Backend-neutral helpers for the tests (TensorFlow and JAX legs of CI)."""
+
+import keras
+import pytest
+from keras import ops
+
+BACKEND = keras.backend.backend()
+tensorflow_only = pytest.mark.skipif(BACKEND != "tensorflow",
+                                     reason="TensorFlow graphs or tf.distribute")
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX backend only")
+
+
+def value_and_grad(model, loss_fn, inputs, training=True, sources=None):
+    """``(loss, gradients of model.trainable_variables, outputs)`` of
+    ``loss_fn(model(inputs))``, updating the non-trainable variables (BN
+    moving statistics, seed states) as an eager call does.
+
+    ``sources="inputs"`` returns the gradient with respect to ``inputs`` instead.
+    """
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        inputs = tf.convert_to_tensor(inputs)
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            outputs = model(inputs, training=training)
+            loss = loss_fn(outputs)
+        wrt = inputs if sources == "inputs" else model.trainable_variables
+        return loss, tape.gradient(loss, wrt), outputs
+    import jax
+
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def compute(trainable, inputs):
+        outputs, updated = model.stateless_call(trainable, non_trainable, inputs,
+                                                training=training)
+        return loss_fn(outputs), (outputs, updated)
+
+    argnums = 1 if sources == "inputs" else 0
+    (loss, (outputs, updated)), grads = jax.value_and_grad(
+        compute, argnums=argnums, has_aux=True)(trainable, ops.convert_to_tensor(inputs))
+    for variable, value in zip(model.non_trainable_variables, updated):
+        variable.assign(value)
+    return loss, grads, outputs
+
+
+def mse(target):
+    return lambda outputs: ops.mean(ops.square(ops.cast(outputs, "float32") - target))
