@@ -1,8 +1,48 @@
 """Shared pieces of the command-line programs."""
 
+import os
 import sys
 
 from absl import flags
+
+BACKENDS = ("tensorflow", "jax")
+
+
+def _backend_from_argv(argv):
+    for i, arg in enumerate(argv):
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+        if arg == "--backend":
+            return argv[i + 1] if i + 1 < len(argv) else ""
+    return None
+
+
+def select_backend(argv=None):
+    """Sets ``KERAS_BACKEND`` from ``--backend`` before Keras is imported.
+
+    The Keras backend is fixed when Keras is first imported, before absl
+    parses the flags, so the programs read ``--backend`` from the command
+    line first (this module is imported before keras_identity).
+    """
+    value = _backend_from_argv(sys.argv[1:] if argv is None else argv)
+    if value is None:
+        return
+    if value not in BACKENDS:
+        fail(f"--backend={value!r} is not valid; expected one of: "
+             f"{', '.join(BACKENDS)}", 2)
+    if "keras" in sys.modules:
+        current = sys.modules["keras"].backend.backend()
+        if current != value:
+            fail(f"--backend={value} cannot be chosen: Keras is already imported with the "
+                 f"{current} backend in this process (run the program in a new process, or "
+                 f"set KERAS_BACKEND={value})", 2)
+    os.environ["KERAS_BACKEND"] = value
+
+
+def define_backend_flag():
+    flags.DEFINE_enum("backend", None, list(BACKENDS),
+                      "Keras backend (default: KERAS_BACKEND, else tensorflow). JAX runs "
+                      "keras.distribution.DataParallel over the local devices.")
 
 
 def one_line_flags_parser(argv):

@@ -17,7 +17,10 @@ from absl import flags
 
 from experiments import _cli
 
+_cli.select_backend()  # before keras_identity (and Keras) is imported
+
 FLAGS = flags.FLAGS
+_cli.define_backend_flag()
 
 flags.DEFINE_string("model", "highway_net", "Builder (resnet, preact_resnet, highway_net, "
                     "plain_net) or a named configuration (e.g. preact_resnet164).")
@@ -43,7 +46,8 @@ flags.DEFINE_enum("normalization", None, list(_cli.constants().NORMALIZATIONS),
 flags.DEFINE_enum("augmentation", None, list(_cli.constants().AUGMENTATIONS),
                   "Data augmentation (default: the recipe's).")
 flags.DEFINE_enum("strategy", "auto", list(_cli.constants().STRATEGIES),
-                  "tf.distribute strategy.")
+                  "Distribution: a tf.distribute strategy on TensorFlow, "
+                  "keras.distribution.DataParallel on JAX (auto/mirrored: all local devices).")
 flags.DEFINE_string("tpu", "", "TPU address for --strategy=tpu (Colab: empty).")
 flags.DEFINE_enum("precision", "float32", list(_cli.constants().PRECISIONS),
                   "Keras dtype policy (mixed_float16 uses loss scaling).")

@@ -21,7 +21,10 @@ from absl import flags
 
 from experiments import _cli
 
+_cli.select_backend()  # before keras_identity (and Keras) is imported
+
 FLAGS = flags.FLAGS
+_cli.define_backend_flag()
 flags.DEFINE_string("model", "highway_net", "resnet, preact_resnet (with a gated --shortcut) "
                     "or highway_net.")
 flags.DEFINE_integer("depth", None, "Depth (default: the model's usual depth).")

@@ -47,3 +47,32 @@ def value_and_grad(model, loss_fn, inputs, training=True, sources=None):
 
 def mse(target):
     return lambda outputs: ops.mean(ops.square(ops.cast(outputs, "float32") - target))
+
+
+def vjp(fn, x, upstream, variables=()):
+    """``(dx, [dvariable, ...])``: the gradients of ``sum(fn(x) * upstream)``
+    with respect to ``x`` and to ``variables`` (Keras variables ``fn`` reads).
+
+    ``upstream`` may be a callable of ``(x, y)`` computed without gradient
+    (e.g. a tensor built from other outputs of the same layer).
+    """
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.convert_to_tensor(x)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        grads = tape.gradient(y, [x] + list(variables), output_gradients=upstream)
+        return grads[0], grads[1:]
+    import jax
+
+    variables = list(variables)
+
+    def f(x, values):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return fn(x)
+
+    _, pullback = jax.vjp(f, ops.convert_to_tensor(x), [v.value for v in variables])
+    dx, dvalues = pullback(ops.convert_to_tensor(upstream))
+    return dx, list(dvalues)

@@ -47,6 +47,9 @@ def unit_seed(seed, stage, index):
 
 def scan_unsupported_reason(unit_kwargs):
     """Why a stage with these unit arguments cannot be looped, or ``None``."""
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        return f"the {backend!r} backend (the looped stages run on TensorFlow and JAX)"
     if unit_kwargs.get("post_activation"):
         return "post_activation=True (the last-unit rule; the looped units are not last)"
     return None

@@ -5,6 +5,7 @@ import re
 import shutil
 
 import keras
+import tensorflow as tf
 
 from keras_identity.serving import signatures as signatures_lib
 from keras_identity.serving import warmup as warmup_lib
@@ -70,13 +71,23 @@ def export_saved_model(model, export_base, preprocessing, *, version=None, top_k
         shutil.rmtree(partial)
     try:
         archive = keras.export.ExportArchive()
-        archive.track(model)
+        forward = None
+        if keras.backend.backend() == "jax":
+            from keras_identity.serving import _jax_forward
+
+            forward = _jax_forward.model_forward(model, archive)
+        else:
+            archive.track(model)
         functions = signatures_lib.make_serving_functions(
             model, preprocessing, top_k=top_k, max_image_bytes=max_image_bytes,
-            max_image_pixels=max_image_pixels)
+            max_image_pixels=max_image_pixels, forward=forward)
         for name in signatures_lib.SIGNATURES:
             fn, spec = functions[name]
-            archive.add_endpoint(name, fn, input_signature=spec)
+            # TensorFlow functions on every backend: the signatures decode and
+            # normalise with TensorFlow ops (JAX converts only the model).
+            endpoint = tf.function(fn, input_signature=spec, autograph=False)
+            endpoint.get_concrete_function()
+            archive.add_endpoint(name, endpoint)
         archive.write_out(partial, verbose=False)
         if warmup:
             _, height, width, channels = model.input_shape

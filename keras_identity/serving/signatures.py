@@ -81,11 +81,14 @@ def _shape_check(images, height, width, channels):
 
 
 def make_serving_functions(model, preprocessing, top_k=5, max_image_bytes=MAX_IMAGE_BYTES,
-                           max_image_pixels=MAX_IMAGE_PIXELS):
+                           max_image_pixels=MAX_IMAGE_PIXELS, forward=None):
     """Returns ``{signature_name: (fn, input_signature)}`` for ``model``.
 
     Args:
         model: a Keras model taking normalised images.
+        forward: a TensorFlow callable computing ``model(images,
+            training=False)`` (default: the model itself, on TensorFlow; the
+            exporter passes the jax2tf-converted model on JAX).
         preprocessing: the dict of :func:`load_preprocessing` (normalisation,
             image shape, class names, ImageNet evaluation resize).
         top_k: classes and scores returned per example.
@@ -110,9 +113,12 @@ def make_serving_functions(model, preprocessing, top_k=5, max_image_bytes=MAX_IM
     class_names = tf.constant(names)
     k = min(top_k, num_classes)
     eval_resize = preprocessing.get("eval_resize")
+    if forward is None:
+        def forward(images):
+            return model(images, training=False)
 
     def predict(pixels):
-        probabilities = tf.cast(model(normalization(pixels), training=False), tf.float32)
+        probabilities = tf.cast(forward(normalization(pixels)), tf.float32)
         top = tf.math.top_k(probabilities, k=k)
         return {"probabilities": probabilities,
                 "classes": tf.cast(top.indices, tf.int64),

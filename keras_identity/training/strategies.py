@@ -1,9 +1,21 @@
-"""Choosing the ``tf.distribute`` strategy."""
+"""Choosing the distribution: a ``tf.distribute`` strategy on TensorFlow, a
+``keras.distribution`` on JAX.
 
+The trainer speaks the ``tf.distribute`` interface (``scope()``,
+``num_replicas_in_sync``, ``distribute_datasets_from_function``); on the JAX
+backend :class:`KerasDistribution` offers the same over
+``keras.distribution.DataParallel``: the variables are replicated on every
+local device (TPU cores, GPUs, or virtual CPU devices) and each global batch
+is split along its first axis, as ``MirroredStrategy``/``TPUStrategy`` split
+it over replicas.
+"""
+
+import contextlib
 import glob
 import json
 import os
 
+import keras
 import tensorflow as tf
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
@@ -30,8 +42,71 @@ def _tpu_candidates(tpu_address):
     return candidates
 
 
+class KerasDistribution:
+    """``keras.distribution.DataParallel`` over ``devices`` (JAX) behind the
+    part of the ``tf.distribute.Strategy`` interface the trainer uses.
+
+    One device means no distribution.  ``platform`` is the devices' kind
+    (``"cpu"``, ``"gpu"``, ``"tpu"``).
+    """
+
+    def __init__(self, devices):
+        self.devices = list(devices)
+        self.platform = self.devices[0].platform if self.devices else "cpu"
+        self.distribution = keras.distribution.DataParallel(
+            devices=self.devices) if len(self.devices) > 1 else None
+
+    @property
+    def num_replicas_in_sync(self):
+        return max(1, len(self.devices))
+
+    def scope(self):
+        """Variables created and ``fit`` run in it are laid out by the distribution."""
+        return self.distribution.scope() if self.distribution else contextlib.nullcontext()
+
+    def distribute_datasets_from_function(self, make_dataset):
+        # The global batches: Keras's JAX trainer splits each over the devices.
+        return make_dataset(None)
+
+
+def _jax_distribution(name, tpu_address):
+    import jax
+
+    if tpu_address:
+        raise ValueError(f"tpu={tpu_address!r} does not apply on the JAX backend (JAX finds "
+                         f"the local TPU chips itself); remove it.")
+    if name == "multi_worker":
+        raise ValueError("strategy='multi_worker' runs on the TensorFlow backend "
+                         "(MultiWorkerMirroredStrategy); on JAX use one process per host "
+                         "with strategy='auto', or KERAS_BACKEND=tensorflow.")
+    devices = jax.local_devices()
+    accelerators = [d for d in devices if d.platform in ("tpu", "gpu")]
+    if name == "tpu":
+        tpus = [d for d in devices if d.platform == "tpu"]
+        if not tpus:
+            raise ValueError(f"strategy='tpu' found no TPU: JAX sees "
+                             f"{describe_devices(devices)}; install jax[tpu] on a TPU "
+                             f"runtime, or use --strategy=auto.")
+        return KerasDistribution(tpus)
+    if name in ("default", "one_device"):
+        return KerasDistribution((accelerators or devices)[:1])
+    # auto and mirrored: every local accelerator, else every local CPU device
+    # (several with XLA_FLAGS=--xla_force_host_platform_device_count=N).
+    return KerasDistribution(accelerators or devices)
+
+
+def describe_devices(devices):
+    kinds = {}
+    for device in devices:
+        kinds[device.platform] = kinds.get(device.platform, 0) + 1
+    return ", ".join(f"{count} {kind.upper()}" for kind, count in kinds.items()) or "no device"
+
+
 def get_strategy(name="auto", tpu_address=""):
-    """Returns a ``tf.distribute.Strategy``.
+    """Returns the distribution for the backend: a ``tf.distribute.Strategy``
+    on TensorFlow, a :class:`KerasDistribution` on JAX.
+
+    TensorFlow:
 
     * ``auto``: a TPU if ``TPUClusterResolver`` finds one (Colab), else
       ``MirroredStrategy`` over the visible GPUs, else the default strategy;
@@ -39,10 +114,23 @@ def get_strategy(name="auto", tpu_address=""):
     * ``mirrored``: all local GPUs (the CPU if there are none);
     * ``multi_worker``: ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``;
     * ``tpu``: ``TPUStrategy`` (``tpu_address`` or the Colab runtime's TPU).
+
+    JAX (``keras.distribution.DataParallel`` over ``jax.local_devices()``):
+
+    * ``auto``/``mirrored``: every local TPU core or GPU, else every CPU
+      device; ``default``/``one_device``: the first of them;
+    * ``tpu``: the TPU cores, or an error naming what JAX sees;
+    * ``multi_worker``: refused (it is TensorFlow's).
     """
     if name not in STRATEGIES:
         raise ValueError(f"strategy={name!r} is not valid; expected one of: "
                          f"{', '.join(repr(s) for s in STRATEGIES)}.")
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return _jax_distribution(name, tpu_address)
+    if backend != "tensorflow":
+        raise ValueError(f"training runs on the TensorFlow and JAX backends; the Keras "
+                         f"backend is {backend!r} (set KERAS_BACKEND=tensorflow or jax).")
     if name == "auto":
         for address in _tpu_candidates(tpu_address):
             try:
@@ -79,6 +167,10 @@ def get_strategy(name="auto", tpu_address=""):
 
 def is_chief(strategy):
     """True on the worker that writes logs, plots and the final model."""
+    if isinstance(strategy, KerasDistribution):
+        import jax
+
+        return jax.process_index() == 0
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
@@ -90,6 +182,22 @@ def is_chief(strategy):
     return task_type == "worker" and task_id == 0 and not has_chief
 
 
+def is_tpu(strategy):
+    return isinstance(strategy, tf.distribute.TPUStrategy) or getattr(
+        strategy, "platform", None) == "tpu"
+
+
+def fit_scope(strategy):
+    """The context ``fit``/``evaluate`` run in: a Keras distribution is read
+    when the step is compiled; a tf.distribute model keeps its strategy."""
+    if isinstance(strategy, KerasDistribution):
+        return strategy.scope()
+    return contextlib.nullcontext()
+
+
 def describe(strategy):
+    if isinstance(strategy, KerasDistribution):
+        kind = "DataParallel" if strategy.distribution else "one device"
+        return f"JAX {kind} ({describe_devices(strategy.devices)})"
     replicas = strategy.num_replicas_in_sync
     return f"{type(strategy).__name__} ({replicas} replica{'s' if replicas != 1 else ''})"

@@ -125,7 +125,7 @@ class TrainConfig:
             _checks.check_range("weight_decay", self.weight_decay, 0.0)
         _checks.check_positive_int("seed", self.seed, minimum=0)
         _checks.check_choice("eval_crop", self.eval_crop, (224, 320))
-        if self.jit_compile and self.deterministic:
+        if self.jit_compile and self.deterministic and keras.backend.backend() == "tensorflow":
             raise ValueError("jit_compile and deterministic are exclusive: Keras runs "
                              "without XLA when TensorFlow op determinism is enabled.")
         if self.epochs is not None and self.train_steps is not None:
@@ -191,10 +191,12 @@ def compile_model(model, optimizer, jit_compile=False):
     there) is traced a second time, which doubles the tracing cost of the
     first step (ResNet-164: about 7 s on a 2-core CPU).
     """
+    # JAX always compiles the step with XLA (without, Keras runs it op by op).
+    jit_compile = bool(jit_compile) or keras.backend.backend() == "jax"
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(),
                   metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                  jit_compile=bool(jit_compile))
+                  jit_compile=jit_compile)
     build_optimizer(model)
     return model
 
@@ -463,7 +465,7 @@ def train(config, print_fn=print, strategy=None):
              f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), lr drops at "
              f"{list(schedule.boundaries)}, warm-up {schedule.warmup_steps}; "
              f"{strategies.describe(strategy)}, {config.precision}"
-             f"{', XLA' if config.jit_compile else ''}")
+             f"{', XLA' if model.jit_compile else ''}, Keras backend {keras.backend.backend()}")
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
                  f"in {checkpointer.directory}")
@@ -472,7 +474,7 @@ def train(config, print_fn=print, strategy=None):
                  f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "
                  f"new length (drops at {list(schedule.boundaries)})")
 
-    tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    tpu = strategies.is_tpu(strategy)
     eval_resize = {224: 256, 320: 320}.get(config.eval_crop, 256)
 
     def make_train(input_context=None):
@@ -503,11 +505,12 @@ def train(config, print_fn=print, strategy=None):
                  keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"),
                                              update_freq="epoch")]
     if start_step < schedule.total_steps:
-        model.fit(train_ds, epochs=schedule.epochs,
-                  initial_epoch=start_step // schedule.steps_per_epoch,
-                  steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
-                  shuffle=False,
-                  callbacks=callbacks, verbose=config.verbose if chief else 0)
+        with strategies.fit_scope(strategy):
+            model.fit(train_ds, epochs=schedule.epochs,
+                      initial_epoch=start_step // schedule.steps_per_epoch,
+                      steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
+                      shuffle=False,
+                      callbacks=callbacks, verbose=config.verbose if chief else 0)
     else:
         print_fn(f"the run is already complete ({start_step} steps)")
     history = recorder.history

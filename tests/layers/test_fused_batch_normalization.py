@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from keras_identity.layers import FusedBatchNormalization
+from tests.backend import tensorflow_only
 
 
 def _pair(**kwargs):
@@ -21,6 +22,7 @@ def _pair(**kwargs):
     return reference, fused
 
 
+@tensorflow_only  # elsewhere the layer is Keras's BatchNormalization
 @pytest.mark.parametrize("training", [False, True])
 def test_outputs_gradients_and_statistics_match_keras(training):
     reference, fused = _pair(momentum=0.9, epsilon=1e-5)

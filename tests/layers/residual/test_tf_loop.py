@@ -10,6 +10,9 @@ from keras_identity.layers.residual import _tf_loop as unit_loop
 from keras_identity.layers.residual import check_recompute
 from keras_identity.layers.residual.orderings import unit_program
 from keras_identity.layers.residual import UNITS
+from tests.backend import tensorflow_only
+
+pytestmark = tensorflow_only
 
 CONV = lambda i: ("conv", i)  # noqa: E731
 BN = lambda i: ("bn", i)  # noqa: E731
