@@ -99,7 +99,7 @@ class RunRecorder(keras.callbacks.Callback):
             "learning_rate": current_learning_rate(self.model.optimizer, step),
             "loss": float(logs.get("loss", float("nan"))),
             "train_error": 1.0 - float(logs.get("accuracy", float("nan"))),
-            "test_loss": float(logs.get("val_loss", float("nan"))),
+            "test_loss": float(logs.get("val_cross_entropy", logs.get("val_loss", float("nan")))),
             "test_error": 1.0 - float(logs.get("val_accuracy", float("nan"))),
             "images_per_sec": images / max(train_time, 1e-9),
             "epoch_time": now - self._epoch_start,

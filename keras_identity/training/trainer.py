@@ -193,9 +193,14 @@ def compile_model(model, optimizer, jit_compile=False):
     """
     # JAX always compiles the step with XLA (without, Keras runs it op by op).
     jit_compile = bool(jit_compile) or keras.backend.backend() == "jax"
+    # Weighted metrics: the zero-weight examples that pad the last test batch
+    # on TPUs and multiple replicas count neither in the error nor in the
+    # cross-entropy (Keras's loss divides by the padded batch size).
     model.compile(optimizer=optimizer,
                   loss=keras.losses.SparseCategoricalCrossentropy(),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                  weighted_metrics=[
+                      keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                      keras.metrics.SparseCategoricalCrossentropy(name="cross_entropy")],
                   jit_compile=jit_compile)
     build_optimizer(model)
     return model
