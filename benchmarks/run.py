@@ -46,6 +46,10 @@ flags.DEFINE_list("modes", ["unrolled", "scan", "scan_bn_relu", "scan_recompute"
                   "units' activations recomputed in the backward pass).")
 flags.DEFINE_list("batch_sizes", ["preact_resnet164:64", "preact_resnet1001:16"],
                   "Training batch size per model, model:batch (default 32).")
+flags.DEFINE_list("backends", ["tensorflow", "jax"], "Keras backends measured (each in its "
+                  "own process; JAX always compiles the step with XLA).")
+flags.DEFINE_list("jax_modes", ["scan", "scan_bn_relu", "scan_recompute"],
+                  "Modes measured on JAX (identity shortcut).")
 flags.DEFINE_integer("steps", 6, "Steady-state training steps timed (after the warm-up).")
 flags.DEFINE_integer("warmup", 2, "Training steps after the first, not timed.")
 flags.DEFINE_boolean("torch", True, "Also measure the PyTorch rebuild.")
@@ -155,9 +159,7 @@ def _measure_keras(depth, shortcut, mode, batch, steps, warmup):
     import keras_identity as ki
 
     if FLAGS.mixed_precision:
-        import tensorflow as tf
-
-        gpu = bool(tf.config.list_physical_devices("GPU"))
+        gpu = any(d.startswith("gpu") for d in keras.distribution.list_devices())
         keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
     keras.utils.set_random_seed(0)
     start = time.perf_counter()
@@ -167,7 +169,8 @@ def _measure_keras(depth, shortcut, mode, batch, steps, warmup):
     build_s = time.perf_counter() - start
     params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
-                  loss="sparse_categorical_crossentropy", jit_compile=FLAGS.jit_compile)
+                  loss="sparse_categorical_crossentropy",
+                  jit_compile=FLAGS.jit_compile or keras.backend.backend() == "jax")
     if FLAGS.build_optimizer:
         ki.training.build_optimizer(model)  # as the trainer does: one trace, not two
     rng = np.random.default_rng(0)
@@ -239,7 +242,7 @@ def _worker(spec):
         return
     framework, model, shortcut, mode, batch, params = spec.split(":")
     depth, batch = _depth(model), int(batch)
-    if framework == "keras":
+    if framework in ("keras", "tensorflow", "jax"):
         result = _measure_keras(depth, shortcut, mode, batch, FLAGS.steps, FLAGS.warmup)
     else:
         result = _measure_torch(depth, batch, FLAGS.steps, FLAGS.warmup,
@@ -257,6 +260,8 @@ def _run_worker(framework, model, shortcut, mode, batch, params=None):
             f"--{'' if FLAGS.mixed_precision else 'no'}mixed_precision",
             f"--{'' if FLAGS.build_optimizer else 'no'}build_optimizer"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if framework in ("tensorflow", "jax"):
+        env["KERAS_BACKEND"] = framework
     print(f"  {spec} ...", flush=True)
     try:
         done = subprocess.run(args, capture_output=True, text=True, env=env,
@@ -307,6 +312,14 @@ def main(argv):
                 if mode not in MODES:
                     raise ValueError(f"--{name}: {mode!r} is not valid; expected some of "
                                      f"{', '.join(MODES)}.")
+        for backend in FLAGS.backends:
+            if backend not in ("tensorflow", "jax"):
+                raise ValueError(f"--backends: {backend!r} is not valid; expected some of "
+                                 f"tensorflow, jax.")
+        for mode in FLAGS.jax_modes:
+            if mode not in MODES:
+                raise ValueError(f"--jax_modes: {mode!r} is not valid; expected some of "
+                                 f"{', '.join(MODES)}.")
         for shortcut in FLAGS.shortcuts:
             if shortcut not in SHORTCUT_ARGS:
                 raise ValueError(f"--shortcuts: {shortcut!r} is not valid; expected some of "
@@ -329,19 +342,26 @@ def main(argv):
     for model, depth in depths.items():
         batch = batches.get(model, 32)
         keras_rows = []
-        for shortcut in FLAGS.shortcuts:
-            for mode in FLAGS.modes if shortcut == "identity" else FLAGS.shortcut_modes:
-                result = _run_worker("keras", model, shortcut, mode, batch)
-                keras_rows.append(dict(model=model, shortcut=shortcut, mode=mode, batch=batch,
-                                       **result))
+        if "tensorflow" in FLAGS.backends:
+            for shortcut in FLAGS.shortcuts:
+                for mode in FLAGS.modes if shortcut == "identity" else FLAGS.shortcut_modes:
+                    result = _run_worker("tensorflow", model, shortcut, mode, batch)
+                    keras_rows.append(dict(model=model, backend="tensorflow",
+                                           shortcut=shortcut, mode=mode, batch=batch, **result))
+        if "jax" in FLAGS.backends and "identity" in FLAGS.shortcuts:
+            for mode in FLAGS.jax_modes:
+                result = _run_worker("jax", model, "identity", mode, batch)
+                keras_rows.append(dict(model=model, backend="jax", shortcut="identity",
+                                       mode=mode, batch=batch, **result))
         reference = None
         if FLAGS.torch and "identity" in FLAGS.shortcuts:
             params = next((r["params"] for r in keras_rows
                            if "params" in r and r["shortcut"] == "identity"), None)
             reference = _run_worker("torch", model, "identity", "eager", batch, params)
-            reference.update(model=model, shortcut="identity", mode="PyTorch eager",
-                             batch=batch)
+            reference.update(model=model, backend="pytorch", shortcut="identity",
+                             mode="eager", batch=batch)
         identity_scan = next((r for r in keras_rows if r["shortcut"] == "identity"
+                              and r["backend"] == "tensorflow"
                               and r["mode"] == "scan" and "first_step_s" in r), None)
         for row in keras_rows + ([reference] if reference else []):
             flops = 3 * forward_flops(depth, shortcut=row["shortcut"])  # forward + backward
@@ -358,7 +378,8 @@ def main(argv):
                                                       / identity_scan["first_step_s"])
             rows.append(row)
 
-    columns = [("model", "model", "{}"), ("shortcut", "shortcut", "{}"),
+    columns = [("model", "model", "{}"), ("backend", "backend", "{}"),
+               ("shortcut", "shortcut", "{}"),
                ("mode", "mode", "{}"), ("batch", "batch", "{}"),
                ("params", "params", "{:,d}"), ("build_s", "build (s)", "{:.1f}"),
                ("first_step_s", "first step (s)", "{:.1f}"),
@@ -368,8 +389,8 @@ def main(argv):
                ("tflops_per_s", "TFLOP/s", "{:.3f}"), ("mfu", "MFU", "{:.1%}")]
     shown = [dict(row, build_s=f"failed: {row['error']}") if "error" in row else row
              for row in rows]
-    settings = (f"steps {FLAGS.steps} after {FLAGS.warmup} warm-up, XLA "
-                f"{'on' if FLAGS.jit_compile else 'off'}, mixed precision "
+    settings = (f"steps {FLAGS.steps} after {FLAGS.warmup} warm-up, XLA on TensorFlow "
+                f"{'on' if FLAGS.jit_compile else 'off'} (always on JAX), mixed precision "
                 f"{'on' if FLAGS.mixed_precision else 'off'}, optimizer built "
                 f"{'before fit' if FLAGS.build_optimizer else 'in the first step'}")
     peak_text = f"{peak:.3f} TFLOP/s ({peak_source})" if peak else "unknown"

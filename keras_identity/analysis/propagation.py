@@ -13,7 +13,9 @@ import dataclasses
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
+
+from keras_identity.analysis import _autodiff
 
 from keras_identity.layers.highway import _HighwayBase
 from keras_identity.models.stage import unroll
@@ -49,8 +51,8 @@ class Propagation:
 
 
 def _per_example_norm(tensor):
-    flat = tf.reshape(tf.cast(tensor, tf.float32), [tf.shape(tensor)[0], -1])
-    return tf.reduce_mean(tf.norm(flat, axis=1)).numpy()
+    flat = np.asarray(tensor, np.float32).reshape(len(tensor), -1)
+    return float(np.mean(np.linalg.norm(flat, axis=1)))
 
 
 def signal_propagation(model, inputs, labels=None, layers=None, training=True, seed=0,
@@ -85,12 +87,11 @@ def signal_propagation(model, inputs, labels=None, layers=None, training=True, s
     if not layers:
         raise ValueError(f"model {model.name!r} has no residual units or highway layers; "
                          f"pass layers=[...].")
-    inputs = tf.convert_to_tensor(inputs)
+    inputs = ops.convert_to_tensor(inputs)
     if labels is None:
         classes = model.output_shape[-1]
         labels = np.random.default_rng(seed).integers(0, classes, int(inputs.shape[0]))
-    probe = keras.Model(model.input, [l.input for l in layers] + [layers[-1].output,
-                                                                  model.output])
+    probe = keras.Model(model.input, [l.input for l in layers] + [layers[-1].output])
     probabilities = model.layers[-1].get_config().get("activation") == "softmax"
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=not probabilities)
     state = [v.numpy() for v in model.non_trainable_variables]
@@ -100,11 +101,11 @@ def signal_propagation(model, inputs, labels=None, layers=None, training=True, s
     try:
         for kernel in zeroed:
             kernel.assign(np.zeros(kernel.shape, kernel.dtype))
-        with tf.GradientTape() as tape:
-            outputs = probe(inputs, training=training)
-            activations, prediction = outputs[:-1], outputs[-1]
-            error = loss(labels, prediction)
-        gradients = tape.gradient(error, activations)
+        activations = [np.asarray(a) for a in probe(inputs, training=training)]
+        for variable, value in zip(model.non_trainable_variables, state):
+            variable.assign(value)  # the gradients' pass sees the same statistics
+        gradients = _autodiff.activation_gradients(
+            model, layers, inputs, lambda prediction: loss(labels, prediction), training)
     finally:
         for variable, value in zip(model.non_trainable_variables, state):
             variable.assign(value)

@@ -23,14 +23,16 @@ def _polymorphic_shape(shape):
 def model_forward(model, archive):
     """Returns ``forward(images) -> outputs`` (TensorFlow) computing
     ``model(images, training=False)``; the weights are added to ``archive``
-    (a ``keras.export.ExportArchive``) as its ``"variables"`` collection."""
+    (a ``keras.export.ExportArchive``) as TensorFlow variables it tracks."""
     from jax.experimental import jax2tf
 
     trainable, non_trainable = model.trainable_variables, model.non_trainable_variables
     tf_variables = [tf.Variable(np.asarray(v.value), trainable=False,
                                 name=v.path.replace("/", "_"))
                     for v in trainable + non_trainable]
-    archive.add_variable_collection("variables", tf_variables)
+    weights = tf.Module(name="jax_model_weights")
+    weights.tracked = tf_variables
+    archive.track(weights)
     count = len(trainable)
 
     def stateless(values, images):
@@ -39,7 +41,7 @@ def model_forward(model, archive):
         return outputs
 
     converted = jax2tf.convert(
-        stateless, native_serialization_platforms=PLATFORMS,
+        stateless, native_serialization_platforms=PLATFORMS, with_gradient=False,
         polymorphic_shapes=[None, _polymorphic_shape(model.input_shape)])
     known = [None] + list(model.input_shape[1:])
 
