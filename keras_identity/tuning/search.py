@@ -11,7 +11,6 @@ import time
 
 import keras
 import keras_tuner
-import tensorflow as tf
 
 from keras_identity import _checks
 from keras_identity.data import pipeline
@@ -164,7 +163,10 @@ class SearchConfig:
 
 def _make_tuner(search, hypermodel, strategy, directory):
     common = dict(objective=OBJECTIVE, directory=directory, project_name="search",
-                  overwrite=False, seed=search.train.seed, distribution_strategy=strategy)
+                  overwrite=False, seed=search.train.seed,
+                  # keras.distribution (JAX) is entered around the search instead.
+                  distribution_strategy=None if isinstance(
+                      strategy, strategies.KerasDistribution) else strategy)
     cls = _TUNER_CLASSES[search.tuner]
     if search.tuner == "grid":
         oracle = GridOracle(objective=OBJECTIVE, max_trials=search.max_trials or
@@ -359,7 +361,7 @@ def run_search(search, print_fn=print):
         return pipeline.eval_dataset(
             data, batch_size=schedule.batch_size, normalization=normalization, split="val",
             pad_to_batch=strategy.num_replicas_in_sync > 1
-            or isinstance(strategy, tf.distribute.TPUStrategy), input_context=input_context)
+            or strategies.is_tpu(strategy), input_context=input_context)
 
     tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
     done_before = len(_trial_rows(tuner))
@@ -370,11 +372,12 @@ def run_search(search, print_fn=print):
              f"{schedule.epochs} epochs of {schedule.steps_per_epoch} steps per trial; "
              f"{strategies.describe(strategy)}"
              + (f"; continuing after {done_before} finished trials" if done_before else ""))
-    tuner.search(pipeline.distribute(strategy, make_train), epochs=schedule.epochs,
-                 steps_per_epoch=schedule.steps_per_epoch,
-                 validation_data=pipeline.distribute(strategy, make_val),
-                 callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
-                 verbose=config.verbose)
+    with strategies.fit_scope(strategy):
+        tuner.search(pipeline.distribute(strategy, make_train), epochs=schedule.epochs,
+                     steps_per_epoch=schedule.steps_per_epoch,
+                     validation_data=pipeline.distribute(strategy, make_val),
+                     callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
+                     verbose=config.verbose)
 
     rows = _trial_rows(tuner)
     if not rows:

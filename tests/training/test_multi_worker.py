@@ -9,6 +9,9 @@ import sys
 import numpy as np
 
 from tests.conftest import REPO
+from tests.backend import tensorflow_only
+
+pytestmark = tensorflow_only  # tf.distribute strategies (JAX: tests/training/test_jax_distribution.py)
 
 FLAGS = ["--model=highway_net", "--depth=4", "--train_examples=2048", "--test_examples=256",
          "--batch_size=64", "--steps_per_epoch=8", "--epochs=2", "--seed=1",
