@@ -119,6 +119,12 @@ def main(argv):
     if len(argv) > 1:
         sys.exit(f"benchmarks.first_step: unexpected arguments {argv[1:]}")
     _check_flags()
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        sys.exit(f"benchmarks.first_step: it measures TensorFlow's tracing and graph set-up; "
+                 f"the Keras backend is {keras.backend.backend()!r} (run it with "
+                 f"KERAS_BACKEND=tensorflow; benchmarks.run measures JAX's first step).")
     row = measure(FLAGS.depth, FLAGS.batch_size, FLAGS.stage_mode, FLAGS.recompute,
                   FLAGS.steps, FLAGS.pretouch_mb)
     row.update(model=f"preact_resnet{FLAGS.depth}", batch=FLAGS.batch_size,

@@ -26,6 +26,12 @@ def describe():
         text += f", TensorFlow {tf.__version__}"
     except Exception:  # pragma: no cover - the description is informative only
         pass
+    try:
+        import jax
+
+        text += f", JAX {jax.__version__}"
+    except ImportError:
+        pass
     return text
 
 

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import keras
 import pytest
 
 from tests.conftest import REPO
@@ -14,6 +15,11 @@ def _cli(*args, timeout=600):
 
 
 def test_small_run_prints_the_breakdown():
+    if keras.backend.backend() != "tensorflow":
+        result = _cli("--depth=20", "--batch_size=8", "--steps=2")
+        assert result.returncode != 0
+        assert "measures TensorFlow's tracing" in result.stderr.strip().splitlines()[-1]
+        return
     result = _cli("--depth=20", "--batch_size=8", "--steps=2", "--recompute=bn_relu",
                   "--pretouch_mb=32")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -34,20 +34,24 @@ def test_small_run_writes_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
     result = _cli("--models=preact_resnet11", "--modes=unrolled,scan", "--notorch",
                   "--shortcuts=identity,exclusive_gating", "--batch_sizes=preact_resnet11:4",
-                  "--steps=2", "--warmup=0", f"--output_json={out}")
+                  "--steps=2", "--warmup=0", "--backends=tensorflow,jax", "--jax_modes=scan",
+                  f"--output_json={out}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Machine:" in result.stdout and "MFU peak" in result.stdout
-    assert "| preact_resnet11 | identity | scan | 4 |" in result.stdout
+    assert "| preact_resnet11 | tensorflow | identity | scan | 4 |" in result.stdout
+    assert "| preact_resnet11 | jax | identity | scan | 4 |" in result.stdout
     saved = json.loads(out.read_text())
     rows = saved["rows"]
-    assert [(r["shortcut"], r["mode"]) for r in rows] == [
-        ("identity", "unrolled"), ("identity", "scan"), ("exclusive_gating", "scan")]
+    assert [(r["backend"], r["shortcut"], r["mode"]) for r in rows] == [
+        ("tensorflow", "identity", "unrolled"), ("tensorflow", "identity", "scan"),
+        ("tensorflow", "exclusive_gating", "scan"), ("jax", "identity", "scan")]
     assert saved["peak_tflops"] > 0 and "matmul" in saved["peak_source"]
     params = ki.models.preact_resnet(11).count_params()
     for row in rows:
         assert row["images_per_s"] > 0 and row["peak_memory_mb"] > 100
         assert 0 < row["mfu"] < 1 and row["first_step_vs_identity_scan"] > 0
     assert 0 < rows[0]["params"] <= params < rows[2]["params"]
+    assert rows[3]["params"] == rows[1]["params"]
 
 
 @pytest.mark.parametrize("args, words", [
@@ -56,6 +60,8 @@ def test_small_run_writes_table_and_json(tmp_path):
     (["--shortcuts=gated"], ["--shortcuts", "'gated'"]),
     (["--models=preact_resnet164_cifar100"], ["--models", "CIFAR-10"]),
     (["--batch_sizes=preact_resnet164:0"], ["--batch_sizes"]),
+    (["--backends=torch"], ["--backends", "'torch'"]),
+    (["--jax_modes=fast"], ["--jax_modes", "'fast'"]),
 ])
 def test_bad_flags_exit_with_one_line(args, words):
     result = _cli(*args, "--notorch")
