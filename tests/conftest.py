@@ -33,3 +33,45 @@ def shared_dir():
     if not os.path.isdir(SHARED):
         pytest.skip("../shared is not beside the repository")
     return SHARED
+
+
+# --- CI's JAX leg ------------------------------------------------------------
+# `KERAS_BACKEND=jax python -m pytest -q --jax-leg` runs the tests whose code
+# differs on JAX (the looped stage, training and distribution, export, the
+# TensorFlow == JAX checks) within CI's time budget; without --jax-leg every
+# test runs on JAX (about 25 minutes on 2 CPU cores).
+JAX_LEG = (
+    "tests/backends/",
+    "tests/layers/residual/test_stack.py",
+    "tests/models/test_stage.py",
+    "tests/training/test_jax_distribution.py",
+    "tests/training/test_trainer.py::test_short_real_mnist_run_is_well_above_chance",
+    "tests/training/test_trainer.py::test_mixed_bfloat16_xla_step_as_on_a_tpu",
+    "tests/experiments/test_train_cli.py::test_killed_run_resumes_from_its_checkpoint",
+    "tests/tuning/test_search.py::test_small_grid_search_writes_its_table_and_retrains_the_best",
+    "tests/serving/test_export.py::test_fresh_process_matches_model_predict",
+    "tests/serving/test_export.py::test_saved_model_cli_lists_the_signatures",
+    "tests/serving/test_export.py::test_warmup_requests_parse_and_replay",
+    "tests/serving/test_export.py::test_every_family_exports",
+    "tests/export/test_export_cli.py::test_local_server_answers_rest_and_grpc_clients",
+)
+# The 90-case looped == unrolled check: on JAX it is implied by the
+# TensorFlow == JAX check of the same cases (tests/backends) and the
+# TensorFlow leg's own run of it.
+JAX_LEG_EXCLUDED = ("test_every_shortcut_ordering_and_block_equals_unrolled",)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--jax-leg", action="store_true",
+                     help="on KERAS_BACKEND=jax, run only CI's JAX leg (see tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--jax-leg"):
+        return
+    if keras.backend.backend() != "jax":
+        raise pytest.UsageError("--jax-leg needs KERAS_BACKEND=jax")
+    keep = [item for item in items if item.nodeid.startswith(JAX_LEG)
+            and not any(name in item.nodeid for name in JAX_LEG_EXCLUDED)]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep

@@ -446,13 +446,18 @@ def train(config, print_fn=print, strategy=None):
             raise ConfigError(str(error)) from None
     # Written once the model is built and restored: a configuration the
     # builder refuses leaves no run behind.
+    previous_backend = None
+    if state and os.path.exists(os.path.join(model_dir, RUN_FILE)):
+        with open(os.path.join(model_dir, RUN_FILE)) as f:
+            previous_backend = json.load(f).get("backend")
     if chief:
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(config), f, indent=1)
         with open(os.path.join(model_dir, RUN_FILE), "w") as f:
             json.dump({"identity": run.identity,
                        "length": {"total_steps": schedule.total_steps,
-                                  "epochs": schedule.epochs}}, f, indent=1)
+                                  "epochs": schedule.epochs},
+                       "backend": keras.backend.backend()}, f, indent=1)
         normalization_lib.save_preprocessing(
             os.path.join(model_dir, "preprocessing.json"), dataset=config.dataset,
             normalization=normalization, image_shape=data.image_shape,
@@ -474,6 +479,10 @@ def train(config, print_fn=print, strategy=None):
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
                  f"in {checkpointer.directory}")
+        if previous_backend not in (None, keras.backend.backend()):
+            print_fn(f"the run was trained on the {previous_backend} backend until now; it "
+                     f"continues on {keras.backend.backend()} (same weights and optimizer "
+                     f"state; random masks and rounding differ between backends)")
     if run.extended_from is not None:
         print_fn(f"the run's length changes from {run.extended_from:,} to "
                  f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "

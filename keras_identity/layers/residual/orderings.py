@@ -11,8 +11,8 @@ branches).
 
 Every form of a unit runs these programs: :class:`ResidualUnit` through
 :func:`run` with its sub-layers, :class:`ResidualStack` through the same
-:func:`run` at inference and its TensorFlow loop (with the written-out
-gradient) in training.
+:func:`run` at inference and in its JAX scan, and its TensorFlow loop (with
+the written-out gradient) in training.
 
 ====================== =========================================== ==========
 ordering               F, per weight layer                          f

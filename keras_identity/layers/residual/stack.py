@@ -82,12 +82,13 @@ class ResidualStack(keras.layers.Layer):
     c, c)``), so the layer's graph (and XLA program) does not grow with
     ``num_units``.
 
-    In training, the loop's backward pass is written out (a second loop
+    On TensorFlow, the loop's backward pass in training is written out (a second loop
     from the last unit to the first applying the convolution, BN and ReLU
     gradient kernels to the tensors the forward loop stored, and the
     gradient of the shortcut's addition) rather than left to TensorFlow's
     while-loop differentiation, which traces slower and runs a little
-    slower.  Each unit's BatchNormalization uses its batch moments and the
+    slower; on JAX, JAX differentiates the scan and ``recompute`` selects a
+    ``jax.checkpoint`` policy.  Each unit's BatchNormalization uses its batch moments and the
     moving statistics of all units are updated after the loop with the rule
     of ``keras.layers.BatchNormalization`` (``moving = moving * momentum +
     batch * (1 - momentum)``); at inference the moving statistics are used.
