@@ -334,6 +334,12 @@ def main(argv):
         except ImportError:
             sys.exit("benchmarks.run: PyTorch is not installed; pip install -e \".[bench]\" "
                      "or pass --notorch.")
+    if "jax" in FLAGS.backends:
+        try:
+            import jax  # noqa: F401
+        except ImportError:
+            sys.exit("benchmarks.run: JAX is not installed; pip install -e \".[jax]\" or pass "
+                     "--backends=tensorflow.")
     description = machine.describe()
     print(f"Benchmark on {description}", flush=True)
     measured = _run_worker("peak", None, None, None, None).get("tflops")
@@ -383,7 +389,7 @@ def main(argv):
                ("mode", "mode", "{}"), ("batch", "batch", "{}"),
                ("params", "params", "{:,d}"), ("build_s", "build (s)", "{:.1f}"),
                ("first_step_s", "first step (s)", "{:.1f}"),
-               ("first_step_vs_identity_scan", "first step / identity scan", "{:.2f}"),
+               ("first_step_vs_identity_scan", "first step / TF identity scan", "{:.2f}"),
                ("images_per_s", "img/s", "{:.1f}"), ("vs_pytorch", "x PyTorch", "{:.2f}"),
                ("peak_memory_mb", "peak memory (MB)", "{:,.0f}"),
                ("tflops_per_s", "TFLOP/s", "{:.3f}"), ("mfu", "MFU", "{:.1%}")]

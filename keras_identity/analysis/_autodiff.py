@@ -14,8 +14,15 @@ import numpy as np
 from keras import ops
 
 
+def _check_backend():
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        raise ValueError(f"the analysis tools run on the TensorFlow and JAX backends; the "
+                         f"Keras backend is {keras.backend.backend()!r}.")
+
+
 def input_gradient(fn, x):
     """``d sum(fn(x)) / dx`` as a NumPy array."""
+    _check_backend()
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -50,6 +57,7 @@ class _Zero(keras.layers.Layer):
 def activation_gradients(model, layers, inputs, error_fn, training):
     """``[dE/d(input of l) for l in layers] + [dE/d(output of layers[-1])]``,
     with ``E = error_fn(model(inputs))``, as NumPy arrays."""
+    _check_backend()
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -61,25 +69,31 @@ def activation_gradients(model, layers, inputs, error_fn, training):
         return [g.numpy() for g in tape.gradient(error, outputs[:-1])]
     import jax
 
+    if isinstance(model, keras.Sequential):
+        raise ValueError(f"on JAX, activation gradients need a functional model; "
+                         f"{model.name!r} is a {type(model).__name__}.")
     batch = int(inputs.shape[0])
-    zeros, probed = [], {id(l) for l in layers}
+    # One zero at each probed input, keyed by the layer's position in
+    # ``layers``, and one at the last layer's output (position len(layers)).
+    zeros, position = {}, {id(l): i for i, l in enumerate(layers)}
 
     def call(layer, *args, **kwargs):
-        if id(layer) in probed:
+        if id(layer) in position:
             x = args[0]
-            zero = _Zero((batch,) + tuple(x.shape[1:]))
-            zeros.append(zero)
+            zero = zeros[position[id(layer)]] = _Zero((batch,) + tuple(x.shape[1:]))
             args = (zero(x),) + args[1:]
         y = layer(*args, **kwargs)
         if layer is layers[-1]:
-            zero = _Zero((batch,) + tuple(y.shape[1:]))
-            zeros.append(zero)
+            zero = zeros[len(layers)] = _Zero((batch,) + tuple(y.shape[1:]))
             y = zero(y)
         return y
 
     rerun = keras.models.clone_model(model, clone_function=lambda layer: layer,
                                      call_function=call)
-    variables = [z.zero for z in zeros]
+    if len(zeros) != len(layers) + 1:
+        raise ValueError("on JAX, activation gradients need the probed layers to be layers of "
+                         "the model itself (not inside nested models).")
+    variables = [zeros[i].zero for i in range(len(layers) + 1)]
 
     def error(values):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):

@@ -54,6 +54,10 @@ def export_saved_model(model, export_base, preprocessing, *, version=None, top_k
     Returns:
         The version directory.
     """
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        raise ValueError(f"export_saved_model runs on the TensorFlow and JAX backends; the "
+                         f"Keras backend is {keras.backend.backend()!r} (load the .keras file "
+                         f"with KERAS_BACKEND=tensorflow to export it).")
     version = next_version(export_base) if version is None else int(version)
     if version < 1:
         raise ValueError(f"version={version} is not valid; expected an integer >= 1.")

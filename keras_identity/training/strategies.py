@@ -77,8 +77,13 @@ def _jax_distribution(name, tpu_address):
                          f"the local TPU chips itself); remove it.")
     if name == "multi_worker":
         raise ValueError("strategy='multi_worker' runs on the TensorFlow backend "
-                         "(MultiWorkerMirroredStrategy); on JAX use one process per host "
-                         "with strategy='auto', or KERAS_BACKEND=tensorflow.")
+                         "(MultiWorkerMirroredStrategy); on JAX training runs in one process "
+                         "over its local devices, or use KERAS_BACKEND=tensorflow.")
+    if jax.process_count() > 1:
+        raise ValueError(f"this JAX program runs in {jax.process_count()} processes; "
+                         f"keras_identity trains on JAX in one process over its local "
+                         f"devices (several hosts: KERAS_BACKEND=tensorflow with "
+                         f"--strategy=multi_worker).")
     devices = jax.local_devices()
     accelerators = [d for d in devices if d.platform in ("tpu", "gpu")]
     if name == "tpu":

@@ -335,6 +335,13 @@ def set_op_determinism(enabled):
         tf_config.disable_op_determinism()
 
 
+def check_global_batch(schedule, strategy):
+    """The global batch must split evenly over the replicas (devices)."""
+    if schedule.batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(f"batch_size={schedule.batch_size} is not valid with "
+                         f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
+
+
 def _setup_precision_and_seed(config):
     keras.config.set_dtype_policy(config.precision)
     keras.utils.set_random_seed(config.seed)
@@ -379,9 +386,7 @@ def prepare(config, strategy=None):
             depth=config.resolved_depth, learning_rate=config.learning_rate,
             epochs=config.epochs, train_steps=config.train_steps,
             steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
-        if schedule.batch_size % strategy.num_replicas_in_sync:
-            raise ValueError(f"batch_size={schedule.batch_size} is not valid with "
-                             f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
+        check_global_batch(schedule, strategy)
         if data.in_memory and schedule.batch_size > data.num_train:
             raise ValueError(f"batch_size={schedule.batch_size} is not valid: the training set "
                              f"has {data.num_train:,} images; expected a global batch no "

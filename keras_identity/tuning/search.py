@@ -339,6 +339,7 @@ def run_search(search, print_fn=print):
             depth=config.resolved_depth, learning_rate=config.learning_rate,
             epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
             warmup_steps=config.warmup_steps)
+        trainer.check_global_batch(schedule, strategy)
         normalization = trainer.make_normalization(
             config.normalization or recipe.normalization, data)
         hypermodel = GateBiasHyperModel(
