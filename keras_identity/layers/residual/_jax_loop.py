@@ -34,18 +34,6 @@ WRITES_GATE_GRADIENT = False
 _BN_INPUT = "keras_identity_bn_input"
 
 
-class Addition:
-    """A looped unit's addition other than ``x + F`` (as :class:`._tf_loop.Addition`).
-
-    ``apply(j, weights, x, f, training)`` returns ``(y, moments)`` for unit
-    ``j`` with its slices ``weights`` of the stacked ``weights``.
-    """
-
-    def __init__(self, apply, weights, num_moments=0, needs_values=True):
-        self.apply, self.weights = apply, list(weights)
-        self.num_moments, self.needs_values = num_moments, needs_values
-
-
 def _remat(body, recompute):
     if recompute == "none":
         return body

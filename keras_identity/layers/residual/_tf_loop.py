@@ -317,24 +317,6 @@ class _Unit:
                         epsilon, self.add_vjp if self.spec else None)
 
 
-class Addition:
-    """A looped unit's addition (the ``add`` step) other than ``x + F``.
-
-    ``apply(j, weights, x, f, training)`` returns ``(y, moments)`` for unit
-    ``j`` with its slices ``weights`` of the stacked ``weights``; ``moments``
-    lists the batch moments of its BNs in training (``num_moments`` of them).
-    ``needs_values``: the gradient reads ``x`` and ``f``.  Its gradient is
-    taken by automatic differentiation of the step.
-    """
-
-    written = False
-    keeps_gate = False
-
-    def __init__(self, apply, weights, num_moments=0, needs_values=True):
-        self.apply, self.weights = apply, list(weights)
-        self.num_moments, self.needs_values = num_moments, needs_values
-
-
 class GateAddition:
     """The addition of a gated shortcut (Fig. 2(c), 2(d)) with its gradient
     written out: ``g = sigmoid(W_g x + b_g)`` in float32 kept for the
@@ -401,7 +383,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
 
     ``kernels``, ``biases`` (entries may be ``None``) and ``bns`` (``(gamma,
     beta)`` pairs) hold one tensor per layer of the unit, stacked over units
-    along axis 0; ``addition`` (an :class:`Addition`, or ``None`` for
+    along axis 0; ``addition`` (a :class:`~.shortcuts.LoopAddition`, or ``None`` for
     ``x + F``) the unit's shortcut with its stacked weights.  Returns the
     output and, per BN layer in order (the addition's last), the batch mean
     and biased batch variance of every unit, shape ``(num_units, channels)``

@@ -366,3 +366,22 @@ class ZeroPadShortcut(keras.layers.Layer):
         config = super().get_config()
         config.update(filters=self.filters, strides=self.strides)
         return config
+
+
+class LoopAddition:
+    """A looped unit's addition (the ``add`` step) other than ``x + F``.
+
+    ``apply(j, weights, x, f, training)`` returns ``(y, moments)`` for unit
+    ``j`` with its slices ``weights`` of the stacked ``weights``; ``moments``
+    lists the batch moments of its BNs in training (``num_moments`` of them).
+    ``needs_values``: the gradient reads ``x`` and ``f``.  Its gradient is
+    taken by automatic differentiation of the step (both loops, TensorFlow
+    and JAX, run it; only TensorFlow's gated sums have a written gradient).
+    """
+
+    written = False
+    keeps_gate = False
+
+    def __init__(self, apply, weights, num_moments=0, needs_values=True):
+        self.apply, self.weights = apply, list(weights)
+        self.num_moments, self.needs_values = num_moments, needs_values

@@ -295,8 +295,8 @@ class ResidualStack(keras.layers.Layer):
                               stochastic_depth_rate=None if rates is None else rate_tensor[j])
             return y, moments
 
-        return loop.Addition(apply, weights, num_moments=int(training and has_bn),
-                             needs_values=shortcut.needs_values)
+        return shortcuts.LoopAddition(apply, weights, num_moments=int(training and has_bn),
+                                      needs_values=shortcut.needs_values)
 
     def call(self, inputs, training=None):
         loop = _loop()
