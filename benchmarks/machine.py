@@ -1,38 +1,8 @@
-"""Names the machine a benchmark ran on."""
+"""Names the machine a benchmark ran on, and its Markdown tables."""
 
-import os
-import platform
+from keras_identity_cli.machine import describe
 
-
-def describe():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{cpu}, {cores} cores"
-    try:
-        import tensorflow as tf
-
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            details = tf.config.experimental.get_device_details(gpus[0])
-            text += f", GPU {details.get('device_name', gpus[0].name)} x{len(gpus)}"
-        text += f", TensorFlow {tf.__version__}"
-    except Exception:  # pragma: no cover - the description is informative only
-        pass
-    try:
-        import jax
-
-        text += f", JAX {jax.__version__}"
-    except ImportError:
-        pass
-    return text
+__all__ = ["describe", "table"]
 
 
 def _cell(value, fmt):

@@ -11,7 +11,7 @@ RESULTS = os.path.join(REPO, "docs", "results")
 
 def header(title, command=None):
     """Title, the exact command, the machine and the date."""
-    from benchmarks import machine
+    from keras_identity_cli import machine
 
     command = command or "python -m " + " ".join(
         [sys.modules["__main__"].__spec__.name if getattr(sys.modules["__main__"], "__spec__",

@@ -1,0 +1,153 @@
+"""Shared pieces of the command-line programs (and of the research scripts in
+the repository's experiments/, through experiments._cli)."""
+
+import os
+import sys
+
+from absl import flags
+
+BACKENDS = ("tensorflow", "jax")
+
+
+def _backend_from_argv(argv):
+    for i, arg in enumerate(argv):
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+        if arg == "--backend":
+            return argv[i + 1] if i + 1 < len(argv) else ""
+    return None
+
+
+def select_backend(argv=None):
+    """Sets ``KERAS_BACKEND`` from ``--backend`` before Keras is imported.
+
+    The Keras backend is fixed when Keras is first imported, before absl
+    parses the flags, so the programs read ``--backend`` from the command
+    line first (this module is imported before keras_identity; see the
+    package docstring).
+    """
+    value = _backend_from_argv(sys.argv[1:] if argv is None else argv)
+    if value is None:
+        return
+    if value not in BACKENDS:
+        fail(f"--backend={value!r} is not valid; expected one of: "
+             f"{', '.join(BACKENDS)}", 2)
+    if "keras" in sys.modules:
+        current = sys.modules["keras"].backend.backend()
+        if current != value:
+            fail(f"--backend={value} cannot be chosen: Keras is already imported with the "
+                 f"{current} backend in this process (run the program in a new process, or "
+                 f"set KERAS_BACKEND={value})", 2)
+    os.environ["KERAS_BACKEND"] = value
+
+
+def define_backend_flag():
+    flags.DEFINE_enum("backend", None, list(BACKENDS),
+                      "Keras backend (default: KERAS_BACKEND, else tensorflow). JAX runs "
+                      "keras.distribution.DataParallel over the local devices.")
+
+
+def one_line_flags_parser(argv):
+    """absl flag parsing that reports a bad flag in one line and exits with 2."""
+    try:
+        remaining = flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if not flags.FLAGS["verbosity"].present:  # TensorFlow's INFO logs drown the progress
+        from absl import logging
+
+        logging.set_verbosity(logging.WARNING)
+    return remaining
+
+
+def fail(message, code=1):
+    """Prints ``error: <message>`` (one line) to stderr and exits."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(code)
+
+
+# ------------------------------------------------------------- model flags
+def define_model_flags(shortcuts=None):
+    """Defines the flags that set builder arguments (``registry.MODEL_FLAGS``)
+    and ``--model_kwargs``, with the choices the library accepts.
+
+    ``shortcuts`` narrows ``--shortcut`` (the tuner takes the gated ones).
+    """
+    from keras_identity import layers
+    from keras_identity.models import STAGE_MODES
+
+    flags.DEFINE_enum("unit", None, list(layers.UNITS), "Residual unit ordering (Fig. 4).")
+    flags.DEFINE_enum("shortcut", None, list(shortcuts or layers.SHORTCUTS),
+                      "Shortcut (Fig. 2).")
+    flags.DEFINE_enum("block", None, list(layers.BLOCKS), "Residual block.")
+    flags.DEFINE_float("gate_bias_init", None, "Initial gate bias: b_g of gated shortcuts, "
+                       "b_T of highway layers.")
+    flags.DEFINE_float("shortcut_scale", None, "lambda of --shortcut=constant_scaling (0: "
+                       "a plain net).")
+    flags.DEFINE_bool("scale_residual", None, "With constant_scaling, scale F by 1 - lambda "
+                      "(Table 1's frozen gating).")
+    flags.DEFINE_float("shortcut_dropout_rate", None, "Drop rate of --shortcut=dropout.")
+    flags.DEFINE_float("stochastic_depth_rate", None, "Stochastic depth rate of the last "
+                       "unit.")
+    flags.DEFINE_enum("stage_mode", None, list(STAGE_MODES), "ResNet stages as one layer "
+                      "per unit (unrolled) or one looped layer (scan: start-up flat in "
+                      "depth); default auto, which loops stages of 12+ units.")
+    flags.DEFINE_enum("recompute", None, list(layers.RECOMPUTE), "What the looped units "
+                      "compute again in the backward pass instead of keeping: nothing, the "
+                      "BN-ReLU outputs (half the activation memory) or all but each unit's "
+                      "input (e.g. ResNet-1001 at batch 128).")
+    flags.DEFINE_string("model_kwargs", None, "Other builder arguments as JSON, e.g. "
+                        "'{\"dimension_shortcut\": \"B\"}' (see the builder's docstring).")
+
+
+def model_kwargs_from_flags(model):
+    """The builder arguments the model flags set, for ``model``."""
+    import json
+
+    from keras_identity.models import registry
+
+    kwargs = registry.kwargs_from_flags(
+        model, **{name: flags.FLAGS[name].value for name in registry.MODEL_FLAGS
+                  if name in flags.FLAGS})
+    if flags.FLAGS.model_kwargs:
+        try:
+            extra = json.loads(flags.FLAGS.model_kwargs)
+        except json.JSONDecodeError as error:
+            fail(f"--model_kwargs={flags.FLAGS.model_kwargs} is not valid JSON ({error})", 2)
+        if not isinstance(extra, dict):
+            fail(f"--model_kwargs={flags.FLAGS.model_kwargs} is not valid; expected a JSON "
+                 f"object of builder arguments", 2)
+        for key in set(extra) & set(kwargs):
+            fail(f"--model_kwargs sets {key!r}, which --{key} sets too; give it once", 2)
+        kwargs.update(extra)
+    return kwargs
+
+
+def constants():
+    """The library's choices for flag enums (one place, not retyped)."""
+    import types
+
+    from keras_identity.data import augment
+    from keras_identity.data import facts
+    from keras_identity.data import normalization
+    from keras_identity.training import recipes
+    from keras_identity.training import strategies
+    from keras_identity.training import trainer
+
+    return types.SimpleNamespace(
+        DATASETS=facts.DATASETS, RECIPE_NAMES=recipes.RECIPE_NAMES,
+        NORMALIZATIONS=normalization.MODES, AUGMENTATIONS=augment.AUGMENTATIONS,
+        STRATEGIES=strategies.STRATEGIES, PRECISIONS=trainer.PRECISIONS)
+
+
+def gated_shortcuts():
+    from keras_identity import layers
+
+    return layers.GATED_SHORTCUTS
+
+
+def tuners():
+    from keras_identity.tuning import TUNERS
+
+    return TUNERS

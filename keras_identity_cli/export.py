@@ -1,0 +1,100 @@
+r"""Exports a trained .keras model as a TF Serving SavedModel version.
+
+    keras-identity-export --model_path=runs/pre164/model.keras \
+        --export_dir=serving/pre164
+    python -m keras_identity_cli.export ...       # the same, as a module
+
+writes serving/pre164/<version>/ (the next free version unless --version),
+with the signatures serving_default (float images), serving_bytes (JPEG/PNG
+bytes) and serving_uint8, the training run's preprocessing inside the graph,
+and assets.extra/tf_serving_warmup_requests.  The export is loaded back the
+way TF Serving loads it and the warm-up requests are replayed before the
+command reports success.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+
+from keras_identity_cli import _common as _cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_path", None, "The .keras model (e.g. runs/pre164/model.keras).")
+flags.DEFINE_string("export_dir", None, "TF Serving's --model_base_path; versions go below.")
+flags.DEFINE_integer("version", None, "Version number (default: the next free one).")
+flags.DEFINE_string("preprocessing", None, "preprocessing.json of the training run (default: "
+                    "the one beside --model_path).")
+flags.DEFINE_integer("top_k", 5, "Classes returned per example.")
+flags.DEFINE_string("model_name", None, "Model name of the warm-up requests (default: the "
+                    "export directory's name).")
+flags.DEFINE_bool("float32", False, "Serve a mixed-precision model in float32.")
+flags.DEFINE_bool("warmup", True, "Write assets.extra/tf_serving_warmup_requests.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing version.")
+flags.DEFINE_integer("max_image_bytes", 20 * 2 ** 20, "serving_bytes refuses an encoded image "
+                     "larger than this (InvalidArgument).")
+flags.DEFINE_integer("max_image_pixels", 36_000_000, "serving_bytes refuses an image whose "
+                     "header declares more pixels (checked before decoding).")
+flags.mark_flags_as_required(["model_path", "export_dir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    if not os.path.exists(FLAGS.model_path):
+        _cli.fail(f"model_path={FLAGS.model_path!r} does not exist", 2)
+    if os.path.isdir(FLAGS.model_path):
+        _cli.fail(f"not a readable .keras file: {FLAGS.model_path} (a directory; pass the "
+                  f".keras file, e.g. runs/pre164/model.keras)", 2)
+    preprocessing_path = FLAGS.preprocessing or os.path.join(
+        os.path.dirname(FLAGS.model_path), "preprocessing.json")
+    if not os.path.exists(preprocessing_path):
+        _cli.fail(f"no preprocessing.json at {preprocessing_path!r} (experiments.train writes "
+                  f"it beside model.keras); pass --preprocessing", 2)
+    if FLAGS.top_k < 1:
+        _cli.fail(f"top_k={FLAGS.top_k} is not valid; expected an integer >= 1", 2)
+
+    import keras
+
+    import keras_identity  # noqa: F401  (registers the layers)
+    from keras_identity.data import load_preprocessing
+    from keras_identity.serving import export_saved_model
+    from keras_identity.serving.emulator import ServingEmulator
+
+    try:
+        model = keras.models.load_model(FLAGS.model_path)
+    except Exception as error:  # zipfile, h5py, JSON and Keras errors
+        reason = " ".join(str(error).split())[:200] or "no details"
+        _cli.fail(f"not a readable .keras file: {FLAGS.model_path} ({type(error).__name__}: "
+                  f"{reason})", 2)
+    try:
+        preprocessing = load_preprocessing(preprocessing_path)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        _cli.fail(f"not a readable preprocessing file: {preprocessing_path} "
+                  f"({type(error).__name__}: {error})", 2)
+    name = FLAGS.model_name or os.path.basename(os.path.normpath(FLAGS.export_dir))
+    try:
+        version_dir = export_saved_model(
+            model, FLAGS.export_dir, preprocessing,
+            version=FLAGS.version, top_k=FLAGS.top_k, model_name=name,
+            warmup=FLAGS.warmup, float32=FLAGS.float32, overwrite=FLAGS.overwrite,
+            max_image_bytes=FLAGS.max_image_bytes, max_image_pixels=FLAGS.max_image_pixels)
+    except (ValueError, ImportError) as error:
+        _cli.fail(error, 2)
+    emulator = ServingEmulator(version_dir)
+    replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
+    print(f"exported {FLAGS.model_path} to {version_dir}: signatures "
+          f"{', '.join(sorted(emulator.signature_defs))}; {replayed} warm-up requests "
+          f"replayed")
+    print(f"serve with: tensorflow_model_server --model_name={name} "
+          f"--model_base_path={os.path.abspath(FLAGS.export_dir)} --port=8500 "
+          f"--rest_api_port=8501")
+
+
+def run():
+    """The console command keras-identity-export."""
+    app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,243 @@
+r"""A loopback stand-in for tensorflow_model_server, to try clients here.
+
+    keras-identity-serve --model_name=pre164 --model_base_path=serving/pre164
+    python -m keras_identity_cli.serve ...        # the same, as a module
+
+serves the highest version of --model_base_path on 127.0.0.1 with TF
+Serving's REST API (POST /v1/models/<name>:predict, GET /v1/models/<name>
+and /v1/models/<name>/metadata) and its gRPC PredictionService.Predict, by
+running the SavedModel as TF Serving does (keras_identity.serving.emulator).
+It is a test double for clients, not a production server, but it holds
+load as one: a listen backlog of --backlog connections, --workers threads
+answering, at most --max_queued requests waiting (503 beyond), a read
+timeout, and 400 for malformed requests (a bad or lying Content-Length,
+values a signature's dtype cannot hold).
+"""
+
+import json
+import re
+import socket
+import threading
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler
+from http.server import HTTPServer
+
+from absl import app
+from absl import flags
+
+from keras_identity_cli import _common as _cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_name", "model", "Model name in request URLs and model specs.")
+flags.DEFINE_string("model_base_path", None, "Directory of numbered SavedModel versions.")
+flags.DEFINE_integer("rest_api_port", 8501, "REST port on 127.0.0.1 (0: none).")
+flags.DEFINE_integer("port", 8500, "gRPC port on 127.0.0.1 (0: none).")
+flags.DEFINE_integer("workers", 4, "Threads answering REST requests.")
+flags.DEFINE_integer("max_queued", 256, "REST requests that may wait for a worker; more get "
+                     "503.")
+flags.DEFINE_integer("backlog", 1024, "Listen backlog of the REST socket.")
+flags.DEFINE_float("read_timeout_s", 10.0, "Time a client has to send its request.")
+
+
+class BoundedHTTPServer(HTTPServer):
+    """An HTTP server answering on a fixed pool of worker threads.
+
+    Accepted connections wait in a bounded queue; beyond ``max_queued`` the
+    accepting thread answers 503 at once rather than letting the connection
+    be reset.  ``request_queue_size`` is the listen backlog.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, *, workers=4, max_queued=256, backlog=1024):
+        self.request_queue_size = backlog
+        self._pool = futures.ThreadPoolExecutor(max_workers=workers)
+        self._slots = threading.BoundedSemaphore(workers + max_queued)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            try:
+                body = b'{"error": "the server is busy; retry later"}'
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+                                b"application/json\r\nRetry-After: 1\r\nContent-Length: "
+                                + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
+                                + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        self._pool.submit(self._work, request, client_address)
+
+    def _work(self, request, client_address):
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # a client that went away; the server keeps serving
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        pass
+
+    def server_close(self):
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+flags.mark_flag_as_required("model_base_path")
+
+
+def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
+                      max_body_bytes=64 * 2 ** 20):
+    from keras_identity.serving import rest
+    from keras_identity.serving.emulator import InvalidArgument
+
+    prefix = f"/v1/models/{model_name}"
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = read_timeout_s  # of every read from the client's socket
+
+        def _send(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path == prefix:
+                self._send(200, {"model_version_status": [
+                    {"version": str(version), "state": "AVAILABLE",
+                     "status": {"error_code": "OK", "error_message": ""}}]})
+            elif self.path == prefix + "/metadata":
+                sigs = {name: {"inputs": sorted(s.inputs), "outputs": sorted(s.outputs)}
+                        for name, s in emulator.signature_defs.items()}
+                self._send(200, {"model_spec": {"name": model_name, "version": str(version)},
+                                 "metadata": {"signature_def": sigs}})
+            else:
+                self._send(404, {"error": f"Malformed request: GET {self.path}"})
+
+        def do_POST(self):
+            paths = (prefix + ":predict", f"{prefix}/versions/{version}:predict")
+            if self.path not in paths:
+                self._send(404, {"error": f"Malformed request: POST {self.path}"})
+                return
+            declared = self.headers.get("Content-Length")
+            if declared is None or not re.fullmatch(r"[0-9]{1,12}", declared.strip()):
+                self._send(400, {"error": f"Content-Length {declared!r} is not valid; expected "
+                                          f"the body's size in bytes"})
+                return
+            length = int(declared)
+            if length > max_body_bytes:
+                self._send(413, {"error": f"Content-Length {length} is over the server's "
+                                          f"limit of {max_body_bytes} bytes"})
+                return
+            try:
+                raw = self.rfile.read(length)
+            except (socket.timeout, TimeoutError):
+                raw = b""
+            if len(raw) < length:
+                self._send(400, {"error": f"the body has {len(raw)} bytes, fewer than its "
+                                          f"Content-Length {length}"})
+                return
+            try:
+                body = json.loads(raw or b"null")
+                self._send(200, rest.predict(emulator, body))
+            except json.JSONDecodeError as error:
+                self._send(400, {"error": f"JSON Parse error: {error}"})
+            except InvalidArgument as error:
+                self._send(400, {"error": error.message})
+            except (ValueError, TypeError, OverflowError, KeyError) as error:
+                self._send(400, {"error": f"Malformed request: {type(error).__name__}: "
+                                          f"{' '.join(str(error).split())[:300]}"})
+            except Exception as error:  # answer, never drop the connection
+                self._send(500, {"error": f"{type(error).__name__}: {error}"})
+
+    return Handler
+
+
+def start_grpc(emulator, port):
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    from keras_identity.serving.emulator import InvalidArgument
+
+    class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+        def Predict(self, request, context):
+            try:
+                return emulator.predict(request)
+            except InvalidArgument as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(Servicer(), server)
+    if not server.add_insecure_port(f"127.0.0.1:{port}"):
+        raise RuntimeError("the port is in use")
+    server.start()
+    return server
+
+
+def main(argv):
+    if len(argv) > 1:
+        _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    import os
+
+    from keras_identity.serving.emulator import ServingEmulator
+    from keras_identity.serving.emulator import latest_version
+
+    if not os.path.isdir(FLAGS.model_base_path):
+        _cli.fail(f"model_base_path={FLAGS.model_base_path!r} does not exist", 2)
+    for name in ("workers", "max_queued", "backlog"):
+        if getattr(FLAGS, name) < 1:
+            _cli.fail(f"--{name}={getattr(FLAGS, name)} is not valid; expected an integer "
+                      f">= 1", 2)
+    try:
+        version = latest_version(FLAGS.model_base_path)
+    except ValueError as error:
+        _cli.fail(error, 2)
+    version_dir = os.path.join(FLAGS.model_base_path, str(version))
+    try:
+        emulator = ServingEmulator(version_dir)
+    except Exception as error:  # a missing or damaged saved_model.pb, variables, ...
+        _cli.fail(f"version {version} in {FLAGS.model_base_path} is not a loadable "
+                  f"SavedModel ({type(error).__name__}: "
+                  f"{' '.join(str(error).split())[:200]})", 2)
+    http = None
+    if FLAGS.rest_api_port:
+        try:
+            http = BoundedHTTPServer(
+                ("127.0.0.1", FLAGS.rest_api_port),
+                make_rest_handler(emulator, FLAGS.model_name, version, FLAGS.read_timeout_s),
+                workers=FLAGS.workers, max_queued=FLAGS.max_queued, backlog=FLAGS.backlog)
+        except OSError as error:
+            _cli.fail(f"cannot listen on 127.0.0.1:{FLAGS.rest_api_port} (--rest_api_port): "
+                      f"{error.strerror or error}", 2)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        grpc_server = start_grpc(emulator, FLAGS.port) if FLAGS.port else None
+    except RuntimeError as error:
+        _cli.fail(f"cannot listen on 127.0.0.1:{FLAGS.port} (--port): {error}", 2)
+    print(f"serving {FLAGS.model_name} version {version} on 127.0.0.1: REST port "
+          f"{FLAGS.rest_api_port}, gRPC port {FLAGS.port}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if http:
+            http.shutdown()
+        if grpc_server:
+            grpc_server.stop(0)
+
+
+def run():
+    """The console command keras-identity-serve."""
+    app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()
