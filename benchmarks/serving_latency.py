@@ -82,7 +82,7 @@ def main(argv):
             ("SavedModel via tf.saved_model.load", lambda: serve(images=tensor)),
         ]
         if keras_model is not None:
-            normalized = normalization(tensor)
+            normalized = ki.layers.model_inputs(keras_model, tensor, normalization)
             compiled = tf.function(lambda x: keras_model(x, training=False))
             entries.append(("Keras model in a tf.function (reference)",
                             lambda: compiled(normalized)))

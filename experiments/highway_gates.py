@@ -42,7 +42,8 @@ def main(argv):
     prep = ki.data.load_preprocessing(os.path.join(os.path.dirname(FLAGS.model_path),
                                                    "preprocessing.json"))
     data = ki.data.load_dataset("mnist")
-    x = np.asarray(prep["normalization"](data.x_train))
+    x = np.asarray(ki.layers.model_inputs(model, data.x_train.astype(np.float32),
+                                          prep["normalization"]))
     y = data.y_train
     stats = ki.analysis.gate_statistics(model, x[:FLAGS.examples], y[:FLAGS.examples])
     lesions = ki.analysis.lesion_study(model, x, y)

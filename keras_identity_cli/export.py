@@ -6,8 +6,12 @@ r"""Exports a trained .keras model as a TF Serving SavedModel version.
 
 writes serving/pre164/<version>/ (the next free version unless --version),
 with the signatures serving_default (float images), serving_bytes (JPEG/PNG
-bytes) and serving_uint8, the training run's preprocessing inside the graph,
-and assets.extra/tf_serving_warmup_requests.  The export is loaded back the
+bytes) and serving_uint8, and assets.extra/tf_serving_warmup_requests.  Any
+.keras model exports: one that includes its preprocessing (every model
+keras-identity-train saves) takes pixel values in [0, 255]; for an older
+run's model the preprocessing.json beside it puts the normalisation in the
+graph; a model with neither receives the pixels as they are (the command
+says which, and so does assets.extra/inputs.txt).  The export is loaded back the
 way TF Serving loads it and the warm-up requests are replayed before the
 command reports success.
 """
@@ -24,7 +28,11 @@ flags.DEFINE_string("model_path", None, "The .keras model (e.g. runs/pre164/mode
 flags.DEFINE_string("export_dir", None, "TF Serving's --model_base_path; versions go below.")
 flags.DEFINE_integer("version", None, "Version number (default: the next free one).")
 flags.DEFINE_string("preprocessing", None, "preprocessing.json of the training run (default: "
-                    "the one beside --model_path).")
+                    "the one beside --model_path, if any). Models that include their "
+                    "preprocessing need none; older runs' models take their normalisation "
+                    "from it.")
+flags.DEFINE_list("class_names", None, "Class names the signatures return, comma-separated "
+                  "(default: the preprocessing.json's, else the class indices).")
 flags.DEFINE_integer("top_k", 5, "Classes returned per example.")
 flags.DEFINE_string("model_name", None, "Model name of the warm-up requests (default: the "
                     "export directory's name).")
@@ -48,9 +56,10 @@ def main(argv):
                   f".keras file, e.g. runs/pre164/model.keras)", 2)
     preprocessing_path = FLAGS.preprocessing or os.path.join(
         os.path.dirname(FLAGS.model_path), "preprocessing.json")
+    if FLAGS.preprocessing and not os.path.exists(FLAGS.preprocessing):
+        _cli.fail(f"preprocessing={FLAGS.preprocessing!r} does not exist", 2)
     if not os.path.exists(preprocessing_path):
-        _cli.fail(f"no preprocessing.json at {preprocessing_path!r} (experiments.train writes "
-                  f"it beside model.keras); pass --preprocessing", 2)
+        preprocessing_path = None
     if FLAGS.top_k < 1:
         _cli.fail(f"top_k={FLAGS.top_k} is not valid; expected an integer >= 1", 2)
 
@@ -60,6 +69,7 @@ def main(argv):
     from keras_identity.data import load_preprocessing
     from keras_identity.serving import export_saved_model
     from keras_identity.serving.emulator import ServingEmulator
+    from keras_identity.serving.signatures import input_description
 
     try:
         model = keras.models.load_model(FLAGS.model_path)
@@ -67,15 +77,17 @@ def main(argv):
         reason = " ".join(str(error).split())[:200] or "no details"
         _cli.fail(f"not a readable .keras file: {FLAGS.model_path} ({type(error).__name__}: "
                   f"{reason})", 2)
-    try:
-        preprocessing = load_preprocessing(preprocessing_path)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        _cli.fail(f"not a readable preprocessing file: {preprocessing_path} "
-                  f"({type(error).__name__}: {error})", 2)
+    preprocessing = None
+    if preprocessing_path:
+        try:
+            preprocessing = load_preprocessing(preprocessing_path)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            _cli.fail(f"not a readable preprocessing file: {preprocessing_path} "
+                      f"({type(error).__name__}: {error})", 2)
     name = FLAGS.model_name or os.path.basename(os.path.normpath(FLAGS.export_dir))
     try:
         version_dir = export_saved_model(
-            model, FLAGS.export_dir, preprocessing,
+            model, FLAGS.export_dir, preprocessing, class_names=FLAGS.class_names,
             version=FLAGS.version, top_k=FLAGS.top_k, model_name=name,
             warmup=FLAGS.warmup, float32=FLAGS.float32, overwrite=FLAGS.overwrite,
             max_image_bytes=FLAGS.max_image_bytes, max_image_pixels=FLAGS.max_image_pixels)
@@ -83,6 +95,7 @@ def main(argv):
         _cli.fail(error, 2)
     emulator = ServingEmulator(version_dir)
     replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
+    print(f"inputs: {input_description(model, preprocessing)}")
     print(f"exported {FLAGS.model_path} to {version_dir}: signatures "
           f"{', '.join(sorted(emulator.signature_defs))}; {replayed} warm-up requests "
           f"replayed")

@@ -53,6 +53,9 @@ JAX_LEG = (
     "tests/serving/test_export.py::test_saved_model_cli_lists_the_signatures",
     "tests/serving/test_export.py::test_warmup_requests_parse_and_replay",
     "tests/serving/test_export.py::test_every_family_exports",
+    "tests/serving/test_export.py::test_keras_model_export_matches_predict_in_a_fresh_process",
+    "tests/layers/test_preprocessing.py",
+    "tests/models/test_inputs_and_outputs.py::test_a_model_with_its_preprocessing_equals",
     "tests/export/test_export_cli.py::test_local_server_answers_rest_and_grpc_clients",
 )
 # The 90-case looped == unrolled check: on JAX it is implied by the

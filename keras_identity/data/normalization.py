@@ -41,18 +41,64 @@ class Normalization:
             self.std = np.asarray(self.std, np.float32)
 
     @classmethod
-    def from_images(cls, mode, images):
-        """Statistics of ``images`` (uint8, ``(n, height, width, channels)``)."""
+    def from_images(cls, mode, images, batch_size=1024):
+        """The statistics of training ``images``: pixel values in [0, 255]
+        (uint8, or float), an array ``(n, height, width, channels)`` or a
+        ``tf.data.Dataset`` of image batches or ``(images, labels)`` batches.
+        Accumulated in float64, ``batch_size`` images at a time.
+
+        Raises:
+            ValueError: images that are not 4-D, or whose values lie outside
+                [0, 255] or within [0, 1] (already scaled).
+        """
+        if mode not in MODES:
+            cls(mode)  # raises the one-line message
         if mode == "scale":
             return cls(mode)
-        x = np.asarray(images, np.float64) / 255.0
+        total = count = square = None
+        largest = 0.0
+        for batch in _image_batches(images, batch_size):
+            x = np.asarray(batch, np.float64)
+            if x.ndim != 4:
+                raise ValueError(f"images of shape {x.shape} are not valid; expected (n, "
+                                 f"height, width, channels).")
+            if x.size and (x.min() < 0 or x.max() > 255):
+                raise ValueError(f"images with values in [{x.min():g}, {x.max():g}] are not "
+                                 f"valid; expected pixel values in [0, 255].")
+            largest = max(largest, float(x.max()) if x.size else 0.0)
+            x = x / 255.0
+            axes = (0,) if mode == "per_pixel_mean" else (0, 1, 2)
+            n = np.prod([x.shape[a] for a in axes])
+            if total is not None and x.shape[1:] != shape:
+                raise ValueError(f"images of shape {x.shape[1:]} and {shape} are mixed; "
+                                 f"statistics need images of one shape.")
+            shape = x.shape[1:]
+            total = x.sum(axis=axes) + (0 if total is None else total)
+            square = (x * x).sum(axis=axes) + (0 if square is None else square)
+            count = n + (count or 0)
+        if not count:
+            raise ValueError("no images to compute the normalisation statistics from.")
+        if largest <= 1.0:
+            raise ValueError("the images' values all lie in [0, 1]; expected pixel values in "
+                             "[0, 255] (the normalisation divides by 255 itself).")
+        mean = total / count
         if mode == "per_pixel_mean":
-            return cls(mode, mean=x.mean(axis=0))
-        return cls(mode, mean=x.mean(axis=(0, 1, 2)), std=x.std(axis=(0, 1, 2)))
+            return cls(mode, mean=mean)
+        return cls(mode, mean=mean, std=np.sqrt(np.maximum(square / count - mean * mean, 0)))
 
     @classmethod
     def imagenet(cls):
         return cls("per_channel", mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    def invert(self, x):
+        """Pixel values in [0, 255] whose normalisation is ``x`` (float32)."""
+        import tensorflow as tf
+
+        if self.std is not None:
+            x = x * tf.constant(self.std)
+        if self.mean is not None:
+            x = x + tf.constant(self.mean)
+        return x * 255.0
 
     def __call__(self, images):
         """Normalises a uint8 or float image tensor with values in [0, 255]."""
@@ -73,6 +119,20 @@ class Normalization:
     @classmethod
     def from_dict(cls, config):
         return cls(config["mode"], config.get("mean"), config.get("std"))
+
+
+def _image_batches(images, batch_size):
+    """Batches of ``images`` (an array, or a dataset of batches or of
+    ``(images, labels)`` batches) as NumPy arrays."""
+    import tensorflow as tf
+
+    if isinstance(images, tf.data.Dataset):
+        for element in images.as_numpy_iterator():
+            yield element[0] if isinstance(element, tuple) else element
+        return
+    images = np.asarray(images)
+    for start in range(0, max(len(images), 1), batch_size):
+        yield images[start:start + batch_size]
 
 
 def save_preprocessing(path, *, dataset, normalization, image_shape, class_names, eval_resize=None):

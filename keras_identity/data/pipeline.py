@@ -55,7 +55,7 @@ def _shard(input_context, batch_size):
 
 
 def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=0,
-                  start_step=0, drop_remainder=True, input_context=None):
+                  start_step=0, drop_remainder=True, input_context=None, raw_pixels=False):
     """An endless, shuffled, augmented stream of ``(images, labels)`` batches.
 
     Args:
@@ -69,6 +69,13 @@ def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=
         drop_remainder: static batch shapes (TPU, XLA).
         input_context: a ``tf.distribute.InputContext``; the stream then holds
             this pipeline's per-replica batches.
+        raw_pixels: yield pixel values in [0, 255] (float32) for a model that
+            normalises its inputs itself (``include_preprocessing=True``).
+            The CIFAR augmentation still pads the *normalised* image with
+            zeros (the authors' order) and maps the crop back to pixel
+            values, so the model sees what it would see from a normalising
+            pipeline (to float32 rounding; with a per-pixel mean, a shifted
+            crop's values may stray from [0, 255] by the mean's variation).
     """
     if augmentation not in augment_lib.AUGMENTATIONS:
         raise ValueError(f"augmentation={augmentation!r} is not valid; expected one of: "
@@ -85,11 +92,14 @@ def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=
 
         def load_batch(batch_number, idx):
             idx = idx[first:first + local]
-            x = normalization(tf.gather(images, idx))
+            x = tf.gather(images, idx)
             if augmentation == "cifar":
                 x = augment_lib.cifar_batch(
-                    x, _seed(seed, (batch_number + start_step) * batch_size),
+                    normalization(x), _seed(seed, (batch_number + start_step) * batch_size),
                     start=first, total=batch_size)
+                x = normalization.invert(x) if raw_pixels else x
+            else:
+                x = _output(x, normalization, raw_pixels)
             return x, tf.gather(labels, idx)
 
         ds = batches.map(load_batch, num_parallel_calls=AUTOTUNE)
@@ -117,24 +127,31 @@ def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=
 
     def load_one(position, example):
         image, label = example
-        return _augment_one(image, position + skip, augmentation, normalization, seed), label
+        return _augment_one(image, position + skip, augmentation, normalization, seed,
+                            raw_pixels), label
 
     ds = stream.map(load_one, num_parallel_calls=AUTOTUNE)
     ds = ds.batch(per_replica, drop_remainder=drop_remainder)
     return ds.prefetch(AUTOTUNE).with_options(_options())
 
 
-def _augment_one(image, position, augmentation, normalization, seed):
+def _output(images, normalization, raw_pixels):
+    """Normalised images, or pixel values as float32."""
+    return tf.cast(images, tf.float32) if raw_pixels else normalization(images)
+
+
+def _augment_one(image, position, augmentation, normalization, seed, raw_pixels):
     if augmentation == "imagenet":
-        return normalization(augment_lib.imagenet_train(image, _seed(seed, position)))
-    image = normalization(image)
+        return _output(augment_lib.imagenet_train(image, _seed(seed, position)),
+                       normalization, raw_pixels)
     if augmentation == "cifar":
-        image = augment_lib.cifar_batch(image[None], _seed(seed, position))[0]
-    return image
+        image = augment_lib.cifar_batch(normalization(image)[None], _seed(seed, position))[0]
+        return normalization.invert(image) if raw_pixels else image
+    return _output(image, normalization, raw_pixels)
 
 
 def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=False,
-                 eval_resize=256, eval_crop=224, input_context=None):
+                 eval_resize=256, eval_crop=224, input_context=None, raw_pixels=False):
     """Batches of ``(images, labels)``, or ``(images, labels, weights)`` if padded.
 
     Args:
@@ -144,6 +161,8 @@ def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=
         eval_resize, eval_crop: ImageNet evaluation crop (256/224, or 320/320).
         input_context: a ``tf.distribute.InputContext``: this pipeline's share
             of every global batch, as per-replica batches.
+        raw_pixels: yield pixel values in [0, 255] (float32) instead of
+            normalised images.
     """
     if split == "val":
         x, y = data.x_val, data.y_val
@@ -155,7 +174,7 @@ def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=
         x = y = None
     if x is not None:
         ds = tf.data.Dataset.from_tensor_slices((x, y))
-        ds = ds.map(lambda image, label: (normalization(image), label),
+        ds = ds.map(lambda image, label: (_output(image, normalization, raw_pixels), label),
                     num_parallel_calls=AUTOTUNE)
         count = len(y)
     else:
@@ -163,8 +182,8 @@ def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=
             tf.data.Dataset.from_tensor_slices(data.files_test).map(
                 lambda path, label: (_decode_file(path), label)))
         ds = source.map(lambda image, label: (
-            normalization(center_crop(image, eval_resize, eval_crop)), label),
-            num_parallel_calls=AUTOTUNE)
+            _output(center_crop(image, eval_resize, eval_crop), normalization, raw_pixels),
+            label), num_parallel_calls=AUTOTUNE)
         count = data.num_test
     if pad_to_batch:
         ds = ds.map(lambda image, label: (image, label, tf.constant(1.0)))

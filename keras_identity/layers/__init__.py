@@ -1,11 +1,14 @@
 """Layers of the papers: residual units and stacks (Figs. 2 and 4), option-A
-shortcuts, highway layers."""
+shortcuts, highway layers, and the input normalisation."""
 
 from keras_identity.layers.fused_batch_normalization import FusedBatchNormalization
 from keras_identity.layers.highway import Highway
 from keras_identity.layers.highway import HighwayConv2D
 from keras_identity.layers.highway import highway_layers
 from keras_identity.layers.highway import transform_gate_activations
+from keras_identity.layers.preprocessing import ImageNormalization
+from keras_identity.layers.preprocessing import find_preprocessing
+from keras_identity.layers.preprocessing import model_inputs
 from keras_identity.layers.residual import BLOCKS
 from keras_identity.layers.residual import GATED_SHORTCUTS
 from keras_identity.layers.residual import RECOMPUTE

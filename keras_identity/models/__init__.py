@@ -1,5 +1,6 @@
 """Functional Keras models of the papers' networks."""
 
+from keras_identity.models.features import feature_extractor
 from keras_identity.models.highway_net import highway_net
 from keras_identity.models.highway_net import plain_net
 from keras_identity.models.registry import get_model
@@ -11,3 +12,4 @@ from keras_identity.models.stage import residual_stage
 from keras_identity.models.stage import STAGE_MODES
 from keras_identity.models.stage import transfer_weights
 from keras_identity.models.stage import unroll
+from keras_identity.models.weights import load_weights

@@ -26,6 +26,12 @@ from keras_identity.layers.highway import Highway
 from keras_identity.layers.highway import HighwayConv2D
 from keras_identity.data.facts import NUM_CLASSES
 from keras_identity.models.resnet import _check_input_shape
+from keras_identity.models.resnet import check_top
+from keras_identity.models.resnet import input_normalization
+from keras_identity.models.resnet import pooled_features
+from keras_identity.models.resnet import resolve_normalization
+from keras_identity.models.weights import check_weights_path
+from keras_identity.models.weights import load_weights
 
 DATASETS = ("mnist", "cifar10", "cifar100")  # the highway paper's (no ImageNet)
 ARCHITECTURES = ("fully_connected", "convolutional")
@@ -63,9 +69,18 @@ def _common(depth, dataset, architecture, activation, num_classes, input_shape, 
 
 
 def _net(depth, *, highway, dataset, architecture, width, activation, transform_bias_init,
-         carry_gate, num_classes, input_shape, kernel_regularizer, name):
+         carry_gate, num_classes, input_shape, kernel_regularizer, include_top, pooling,
+         include_preprocessing, normalization, weights, name):
+    check_top(include_top, pooling, num_classes)
+    check_weights_path(weights)
+    normalization = resolve_normalization(include_preprocessing, normalization,
+                                          dataset=dataset,
+                                          builder="highway_net" if highway else "plain_net")
     architecture, num_classes, input_shape = _common(
         depth, dataset, architecture, activation, num_classes, input_shape, minimum=7)
+    if pooling is not None and architecture == "fully_connected":
+        raise ValueError(f"pooling={pooling!r} applies only to convolutional nets (a fully "
+                         f"connected net's features are a vector already).")
     if highway:
         _checks.check_choice("carry_gate", carry_gate, CARRY_GATES)
         if transform_bias_init is None:
@@ -76,12 +91,13 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
                 carry_gate=carry_gate, kernel_regularizer=kernel_regularizer)
     kind = "highway" if highway else "plain"
     inputs = keras.Input(shape=input_shape, name="images")
+    x = input_normalization(inputs, normalization)
 
     if architecture == "fully_connected":
         if width is None:
             width = HIGHWAY_WIDTH if highway else PLAIN_WIDTH
         _checks.check_positive_int("width", width)
-        x = keras.layers.Flatten(name="flatten")(inputs)
+        x = keras.layers.Flatten(name="flatten")(x)
         x = keras.layers.Dense(width, activation=activation, name="plain1", **dense)(x)
         for index in range(2, depth + 1):
             if highway:
@@ -90,7 +106,7 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
                 x = keras.layers.Dense(width, activation=activation, name=f"plain{index}",
                                        **dense)(x)
         outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
-                                     name="predictions", **dense)(x)
+                                     name="predictions", **dense)(x) if include_top else x
     else:
         if width is None:
             width = CONV_WIDTHS if highway else tuple(
@@ -102,7 +118,7 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
         for w in width:
             _checks.check_positive_int("width", w)
         conv = dict(padding="same", activation=activation, **dense)
-        x = keras.layers.Conv2D(width[0], 3, name="stem_conv", **conv)(inputs)
+        x = keras.layers.Conv2D(width[0], 3, name="stem_conv", **conv)(x)
         for stage, (w, n) in enumerate(zip(width, _stage_sizes(depth - 4)), start=1):
             if stage > 1:
                 x = keras.layers.MaxPooling2D(2, name=f"stage{stage}_pool")(x)
@@ -113,20 +129,29 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
                     x = HighwayConv2D(kernel_size=3, name=layer_name, **gate)(x)
                 else:
                     x = keras.layers.Conv2D(w, 3, name=layer_name, **conv)(x)
-        x = keras.layers.Conv2D(num_classes, 1, name="classifier_conv",
-                                kernel_regularizer=kernel_regularizer)(x)
-        x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
-        outputs = keras.layers.Activation("softmax", dtype="float32", name="predictions")(x)
+        if include_top:
+            x = keras.layers.Conv2D(num_classes, 1, name="classifier_conv",
+                                    kernel_regularizer=kernel_regularizer)(x)
+            x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+            outputs = keras.layers.Activation("softmax", dtype="float32",
+                                              name="predictions")(x)
+        else:
+            outputs = pooled_features(x, pooling)
     if name is None:
         name = f"{kind}{depth}" + ("" if dataset == "mnist" and architecture ==
                                    "fully_connected" else f"_{architecture}")
         name += f"_{dataset}"
-    return keras.Model(inputs, outputs, name=name)
+    model = keras.Model(inputs, outputs, name=name)
+    if weights is not None:
+        load_weights(model, weights)
+    return model
 
 
 def highway_net(depth=50, *, dataset="mnist", architecture=None, width=None,
                 activation="relu", transform_bias_init=None, carry_gate="coupled",
-                num_classes=None, input_shape=None, kernel_regularizer=None, name=None):
+                num_classes=None, input_shape=None, kernel_regularizer=None, include_top=True,
+                pooling=None, include_preprocessing=False, normalization=None, weights=None,
+                name=None):
     """A highway network of ``depth`` layers (Srivastava et al. 2015).
 
     Args:
@@ -147,17 +172,24 @@ def highway_net(depth=50, *, dataset="mnist", architecture=None, width=None,
         carry_gate: ``"coupled"`` (C = 1 - T, Eqn. 3) or ``"separate"`` (Eqn. 2).
         num_classes, input_shape: default to the dataset's.
         kernel_regularizer: regularizer of every kernel.
+        include_top, pooling, include_preprocessing, normalization, weights:
+            as for :func:`keras_identity.models.resnet` (``pooling`` for
+            convolutional nets; the recipe's normalisation is ``"scale"``
+            for MNIST, per-channel for CIFAR).
         name: model name.
     """
     return _net(depth, highway=True, dataset=dataset, architecture=architecture,
                 width=width, activation=activation, transform_bias_init=transform_bias_init,
                 carry_gate=carry_gate, num_classes=num_classes, input_shape=input_shape,
-                kernel_regularizer=kernel_regularizer, name=name)
+                kernel_regularizer=kernel_regularizer, include_top=include_top,
+                pooling=pooling, include_preprocessing=include_preprocessing,
+                normalization=normalization, weights=weights, name=name)
 
 
 def plain_net(depth=50, *, dataset="mnist", architecture=None, width=None,
               activation="relu", num_classes=None, input_shape=None,
-              kernel_regularizer=None, name=None):
+              kernel_regularizer=None, include_top=True, pooling=None,
+              include_preprocessing=False, normalization=None, weights=None, name=None):
     """The plain counterpart of :func:`highway_net` (Fig. 1's "plain" nets).
 
     Same layout with plain layers: 71 units per fully connected layer, so a
@@ -169,4 +201,6 @@ def plain_net(depth=50, *, dataset="mnist", architecture=None, width=None,
     return _net(depth, highway=False, dataset=dataset, architecture=architecture,
                 width=width, activation=activation, transform_bias_init=None,
                 carry_gate="coupled", num_classes=num_classes, input_shape=input_shape,
-                kernel_regularizer=kernel_regularizer, name=name)
+                kernel_regularizer=kernel_regularizer, include_top=include_top,
+                pooling=pooling, include_preprocessing=include_preprocessing,
+                normalization=normalization, weights=weights, name=name)

@@ -31,7 +31,10 @@ from keras_identity import initializers
 from keras_identity.data.facts import DATASETS
 from keras_identity.data.facts import IMAGE_SHAPES
 from keras_identity.data.facts import NUM_CLASSES
+from keras_identity.data.normalization import MODES as NORMALIZATION_MODES
+from keras_identity.data.normalization import Normalization
 from keras_identity.layers.fused_batch_normalization import FusedBatchNormalization
+from keras_identity.layers.preprocessing import ImageNormalization
 from keras_identity.layers.residual import shortcuts
 from keras_identity.layers.residual.blocks import BLOCKS
 from keras_identity.layers.residual.blocks import BOTTLENECK_EXPANSION
@@ -40,7 +43,10 @@ from keras_identity.layers.residual.orderings import PREACTIVATION_UNITS
 from keras_identity.layers.residual.orderings import UNITS
 from keras_identity.models.stage import check_stage_mode
 from keras_identity.models.stage import residual_stage
+from keras_identity.models.weights import check_weights_path
+from keras_identity.models.weights import load_weights
 
+POOLINGS = ("avg", "max")
 _FORM_EXAMPLES = {
     ("cifar", "basic"): "6n+2 (e.g. 20, 32, 44, 56, 110, 1202)",
     ("cifar", "bottleneck"): "9n+2 (e.g. 164, 1001)",
@@ -128,6 +134,56 @@ def _check_input_shape(input_shape, dataset):
     return shape
 
 
+def resolve_normalization(include_preprocessing, normalization, *, dataset, builder):
+    """The :class:`Normalization` of the model's preprocessing layer, or
+    ``None`` without ``include_preprocessing``.
+
+    ``normalization`` is a mode, a :class:`Normalization` with statistics, or
+    its ``to_dict()``; ``None`` is the mode of the builder's recipe for the
+    dataset (ImageNet: per-channel with ImageNet's statistics).  A mode whose
+    statistics are not given leaves the layer to be adapted.
+    """
+    if include_preprocessing not in (True, False):
+        raise ValueError(f"include_preprocessing={include_preprocessing!r} is not valid; "
+                         f"expected True or False.")
+    if not include_preprocessing:
+        if normalization is not None:
+            shown = (repr(normalization.mode) if isinstance(normalization, Normalization)
+                     else repr(normalization))
+            raise ValueError(f"normalization={shown} applies only with "
+                             f"include_preprocessing=True (the model then takes pixel values "
+                             f"in [0, 255]).")
+        return None
+    if normalization is None:
+        from keras_identity.training import recipes  # the recipes' choice, read lazily
+
+        normalization = recipes.RECIPES[recipes.default_recipe(builder, dataset)].normalization
+    if isinstance(normalization, dict):
+        try:
+            normalization = Normalization.from_dict(normalization)
+        except KeyError:
+            raise ValueError(f"normalization={normalization!r} is not valid; expected a "
+                             f"mode, a Normalization or its to_dict().") from None
+    if isinstance(normalization, str):
+        _checks.check_choice("normalization", normalization, NORMALIZATION_MODES)
+        normalization = (Normalization.imagenet() if normalization == "per_channel"
+                         and dataset == "imagenet" else Normalization(normalization))
+    if not isinstance(normalization, Normalization):
+        raise ValueError(f"normalization={normalization!r} is not valid; expected one of "
+                         f"{', '.join(repr(m) for m in NORMALIZATION_MODES)}, a "
+                         f"keras_identity.data.Normalization or its to_dict().")
+    return normalization
+
+
+def input_normalization(inputs, normalization):
+    """The model's first layer for a :func:`resolve_normalization` result: an
+    :class:`ImageNormalization` named ``"preprocessing"`` (float32)."""
+    if normalization is None:
+        return inputs
+    return ImageNormalization(normalization.mode, normalization.mean, normalization.std,
+                              dtype="float32", name="preprocessing")(inputs)
+
+
 def _fits(size, family, strided_kernel):
     """Whether ``size`` pixels pass every strided convolution (each needs at
     least its kernel's size of input)."""
@@ -152,6 +208,30 @@ def _check_input_size(input_shape, family, block, stride_on_1x1, depth):
                          f"width of at least {minimum}.")
 
 
+def check_top(include_top, pooling, num_classes):
+    """``pooling`` and ``num_classes`` apply to one of the two model tops."""
+    if include_top not in (True, False):
+        raise ValueError(f"include_top={include_top!r} is not valid; expected True or False.")
+    if pooling is not None:
+        _checks.check_choice("pooling", pooling, POOLINGS)
+        if include_top:
+            raise ValueError(f"pooling={pooling!r} applies only with include_top=False (the "
+                             f"classifier pools by global average itself).")
+    if num_classes is not None and not include_top:
+        raise ValueError(f"num_classes={num_classes!r} applies only with include_top=True "
+                         f"(without the classifier the model returns features).")
+
+
+def pooled_features(x, pooling):
+    """The model's output without its classifier: the last feature map, or
+    its global average (``"avg"``) or maximum (``"max"``) per channel."""
+    if pooling == "avg":
+        return keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    if pooling == "max":
+        return keras.layers.GlobalMaxPooling2D(name="max_pool")(x)
+    return x
+
+
 def _classifier(x, num_classes, classifier_activation, kernel_regularizer, seed):
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     # Logits and probabilities stay in float32 under mixed precision.
@@ -169,7 +249,8 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
                        dimension_shortcut, shortcut_scale, scale_residual, gate_bias_init,
                        shortcut_dropout_rate, stochastic_depth_rate, stage_mode, recompute,
                        stride_on_1x1=True, classifier_activation="softmax",
-                       include_top=True):
+                       include_top=True, include_preprocessing=False, normalization=None,
+                       pooling=None, weights=None):
     """Validates :func:`resnet`'s arguments (the one place they are checked)
     and resolves their defaults."""
     _checks.check_choice("dataset", dataset, DATASETS)
@@ -186,6 +267,7 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
         dimension_shortcut = "A" if family != "imagenet" and block != "bottleneck" else "B"
     _checks.check_choice("dimension_shortcut", dimension_shortcut,
                          shortcuts.DIMENSION_SHORTCUTS)
+    given_classes = num_classes
     num_classes = NUM_CLASSES[dataset] if num_classes is None else num_classes
     _checks.check_positive_int("num_classes", num_classes)
     if num_classes == 1 and classifier_activation == "softmax" and include_top:
@@ -197,13 +279,17 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
     _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
                         high_inclusive=False)
     stage_mode, recompute = check_stage_mode(stage_mode, recompute)
+    normalization = resolve_normalization(include_preprocessing, normalization,
+                                          dataset=dataset, builder="resnet")
+    check_top(include_top, pooling, given_classes)
+    check_weights_path(weights)
     if keras.config.image_data_format() != "channels_last":
         raise ValueError("keras_identity models need keras.config.image_data_format() == "
                          "'channels_last'.")
     return types.SimpleNamespace(
         block=block, units=units, family=family, dimension_shortcut=dimension_shortcut,
         num_classes=num_classes, input_shape=input_shape, shortcut_args=shortcut_args,
-        stage_mode=stage_mode, recompute=recompute)
+        stage_mode=stage_mode, recompute=recompute, normalization=normalization)
 
 
 def check_arguments(builder, *args, **kwargs):
@@ -231,6 +317,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
            shortcut_dropout_rate=None, stochastic_depth_rate=0.0, stride_on_1x1=True,
            include_top=True, classifier_activation="softmax", kernel_regularizer=None,
            bn_momentum=0.9, bn_epsilon=1e-5, stage_mode="auto", recompute="none", seed=None,
+           include_preprocessing=False, normalization=None, pooling=None, weights=None,
            name=None):
     """Builds a ResNet of ``depth`` layers from :class:`ResidualUnit` layers.
 
@@ -259,7 +346,8 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
             with ``rate * l / L`` (Huang et al.'s linear decay).  0 disables.
         stride_on_1x1: bottleneck stride on the first 1x1 convolution (the
             authors' code) or, if False, on the 3x3 (fb.resnet.torch).
-        include_top: add global average pooling and the classifier.
+        include_top: add global average pooling and the classifier;
+            without it the model returns features (see ``pooling``).
         classifier_activation: activation of the classifier (``"softmax"``;
             ``None`` returns logits).
         kernel_regularizer: regularizer of every kernel (e.g. weight decay).
@@ -285,6 +373,24 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
             Other than ``"none"`` it loops every stage
             (``stage_mode="unrolled"`` is then an error).
         seed: seed for initialisers and random masks (reproducible builds).
+        include_preprocessing: put the input normalisation in the model (an
+            :class:`ImageNormalization` layer named ``"preprocessing"``): the
+            model then takes pixel values in [0, 255] in training, `.keras`
+            files and exports.  Without it the model takes normalised inputs.
+        normalization: with ``include_preprocessing``, a mode
+            (``"per_pixel_mean"``, ``"per_channel"``, ``"scale"``) or a
+            :class:`keras_identity.data.Normalization` with the training
+            set's statistics; ``None`` is the recipe's mode (CIFAR: per-pixel
+            mean; ImageNet: per-channel with ImageNet's statistics).  A mode
+            given without statistics needs
+            ``model.get_layer("preprocessing").adapt(train_images)``.
+        pooling: with ``include_top=False``: ``None`` (the last feature map,
+            after the final BN-ReLU of pre-activation nets), ``"avg"`` or
+            ``"max"`` (global pooling to one vector per image).
+        weights: a ``.keras`` file of a trained model (its weights are
+            copied by layer and unit name, across stage modes; the
+            classifier is left out when ``include_top=False``) or a
+            ``.weights.h5`` file of this very architecture.
         name: model name (default e.g. ``"preact_resnet164"``).
 
     Returns:
@@ -299,7 +405,8 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
                            stochastic_depth_rate=stochastic_depth_rate, stage_mode=stage_mode,
                            recompute=recompute, stride_on_1x1=stride_on_1x1,
                            classifier_activation=classifier_activation,
-                           include_top=include_top)
+                           include_top=include_top, include_preprocessing=include_preprocessing,
+                           normalization=normalization, pooling=pooling, weights=weights)
     block, units, family, dimension_shortcut = a.block, a.units, a.family, a.dimension_shortcut
     num_classes, input_shape, shortcut_args = a.num_classes, a.input_shape, a.shortcut_args
     stage_mode, recompute = a.stage_mode, a.recompute
@@ -314,11 +421,12 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
         kernel_regularizer=kernel_regularizer, seed=seed)
 
     inputs = keras.Input(shape=input_shape, name="images")
+    x = input_normalization(inputs, a.normalization)
     widths = _WIDTHS[family]
     conv = dict(use_bias=use_bias, kernel_initializer=kernel_init,
                 kernel_regularizer=kernel_regularizer)
     if family == "imagenet":
-        x = keras.layers.ZeroPadding2D(3, name="stem_pad")(inputs)
+        x = keras.layers.ZeroPadding2D(3, name="stem_pad")(x)
         x = keras.layers.Conv2D(widths[0], 7, strides=2, name="stem_conv", **conv)(x)
         x = _bn("stem_bn", bn_momentum, bn_epsilon)(x)
         x = keras.layers.ReLU(name="stem_relu")(x)
@@ -328,7 +436,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     else:
         kernel = 1 if family == "mnist" else 3
         x = keras.layers.Conv2D(widths[0], kernel, padding="same", name="stem_conv",
-                                **conv)(inputs)
+                                **conv)(x)
         if not preact:
             if family == "cifar":
                 x = _bn("stem_bn", bn_momentum, bn_epsilon)(x)
@@ -354,10 +462,15 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
         x = keras.layers.ReLU(name="final_relu")(x)
     if include_top:
         x = _classifier(x, num_classes, classifier_activation, kernel_regularizer, seed)
+    else:
+        x = pooled_features(x, pooling)
     if name is None:
         name = f"{'preact_' if unit == 'full_preactivation' else ''}resnet{depth}"
         name += "" if dataset == "cifar10" else f"_{dataset}"
-    return keras.Model(inputs, x, name=name)
+    model = keras.Model(inputs, x, name=name)
+    if weights is not None:
+        load_weights(model, weights)
+    return model
 
 
 def preact_resnet(depth=164, **kwargs):

@@ -187,13 +187,15 @@ def _unit_weight_table(model):
     return table
 
 
-def transfer_weights(source, target):
+def transfer_weights(source, target, ignore_source_layers=()):
     """Copies every weight of ``source`` into ``target``, across stage modes.
 
     The two models must be the same network (same builder arguments) built
     with any ``stage_mode``: a looped stage's unit ``j`` receives the weights
     of the unrolled layer ``stage{s}_unit{j}`` and the other way round, BN
-    moving statistics included.
+    moving statistics included.  Weights of the source layers named in
+    ``ignore_source_layers`` may have no place in the target (a classifier
+    left out of a backbone).
 
     Raises:
         ValueError: naming the first weight that is missing or whose shape
@@ -225,7 +227,7 @@ def transfer_weights(source, target):
         else:
             for key, w in _keyed_variables(layer):
                 w.assign(take(key, w.shape))
-    unused = sorted(set(table) - used)
+    unused = sorted(k for k in set(table) - used if k[0] not in ignore_source_layers)
     if unused:
         raise ValueError(f"transfer_weights: the target model has no place for "
                          f"{len(unused)} source weights, e.g. {unused[0][1]!r} of "

@@ -5,10 +5,17 @@ import re
 import shutil
 
 import keras
+import numpy as np
 import tensorflow as tf
+
+from keras_identity.layers.preprocessing import find_preprocessing
 
 from keras_identity.serving import signatures as signatures_lib
 from keras_identity.serving import warmup as warmup_lib
+
+
+# What the signatures feed the model (assets.extra/inputs.txt of a version).
+INPUTS_FILE = "inputs.txt"
 
 
 def next_version(export_base):
@@ -31,7 +38,8 @@ def to_float32(model):
     return copy
 
 
-def export_saved_model(model, export_base, preprocessing, *, version=None, top_k=5,
+def export_saved_model(model, export_base, preprocessing=None, *, class_names=None,
+                       version=None, top_k=5,
                        model_name="model", warmup=True, float32=False, overwrite=False,
                        max_image_bytes=signatures_lib.MAX_IMAGE_BYTES,
                        max_image_pixels=signatures_lib.MAX_IMAGE_PIXELS):
@@ -41,7 +49,15 @@ def export_saved_model(model, export_base, preprocessing, *, version=None, top_k
     Args:
         model: a Keras model (e.g. ``keras.models.load_model(".../model.keras")``).
         export_base: TF Serving's ``--model_base_path``.
-        preprocessing: dict of :func:`keras_identity.data.load_preprocessing`.
+        preprocessing: ``None`` (a model built with ``include_preprocessing``
+            carries its normalisation), or the dict of
+            :func:`keras_identity.data.load_preprocessing`: class names,
+            ImageNet evaluation resize, and the normalisation the signatures
+            apply for a model without its own (runs made before models
+            carried their preprocessing).  The version's
+            ``assets.extra/inputs.txt`` says which applies.
+        class_names: the names the signatures return (default: the
+            preprocessing's, else the class indices).
         version: version number (default: the next free one).
         top_k: classes returned per example.
         model_name: ``model_spec.name`` of the warm-up requests.
@@ -61,7 +77,14 @@ def export_saved_model(model, export_base, preprocessing, *, version=None, top_k
     version = next_version(export_base) if version is None else int(version)
     if version < 1:
         raise ValueError(f"version={version} is not valid; expected an integer >= 1.")
-    check_preprocessing(model, preprocessing)
+    if preprocessing is not None:
+        check_preprocessing(model, preprocessing)
+    if class_names is not None:
+        class_names = [str(n) for n in class_names]
+        if len(class_names) != model.output_shape[-1]:
+            raise ValueError(f"class_names has {len(class_names)} names; the model has "
+                             f"{model.output_shape[-1]} outputs.")
+        preprocessing = dict(preprocessing or {}, class_names=class_names)
     version_dir = os.path.join(export_base, str(version))
     if os.path.exists(version_dir) and not overwrite:
         raise ValueError(f"{version_dir} exists; pick another --version or pass "
@@ -93,10 +116,14 @@ def export_saved_model(model, export_base, preprocessing, *, version=None, top_k
             endpoint.get_concrete_function()
             archive.add_endpoint(name, endpoint)
         archive.write_out(partial, verbose=False)
+        os.makedirs(os.path.join(partial, "assets.extra"), exist_ok=True)
+        with open(os.path.join(partial, "assets.extra", INPUTS_FILE), "w") as f:
+            f.write(signatures_lib.input_description(model, preprocessing) + "\n")
         if warmup:
             _, height, width, channels = model.input_shape
-            height = height or preprocessing["image_shape"][0]
-            width = width or preprocessing["image_shape"][1]
+            shape = (preprocessing or {}).get("image_shape") or (224, 224)
+            height = height or shape[0]
+            width = width or shape[1]
             warmup_lib.write_warmup(partial, warmup_lib.build_requests(
                 model_name, height, width, channels))
     except BaseException:
@@ -111,6 +138,14 @@ def export_saved_model(model, export_base, preprocessing, *, version=None, top_k
     if old:
         shutil.rmtree(old, ignore_errors=True)
     return version_dir
+
+
+def _same(a, b):
+    def close(x, y):
+        return (x is None) == (y is None) and (x is None or (
+            x.shape == y.shape and np.allclose(x, y, atol=1e-6)))
+
+    return a.mode == b.mode and close(a.mean, b.mean) and close(a.std, b.std)
 
 
 def check_preprocessing(model, preprocessing):
@@ -140,3 +175,11 @@ def check_preprocessing(model, preprocessing):
                          f"{' and '.join(dict.fromkeys(problems))}) does not fit the model's "
                          f"input {expected}; pass the preprocessing.json of this model's "
                          f"training run.")
+    layer = find_preprocessing(model)
+    if layer is not None and normalization is not None and not _same(layer.normalization,
+                                                                     normalization):
+        raise ValueError(f"the preprocessing's normalisation ({normalization.mode!r}) is not "
+                         f"the one of the model's own preprocessing layer {layer.name!r} "
+                         f"({layer.mode!r}, other statistics); the model normalises its "
+                         f"inputs itself: pass no preprocessing, or this model's own "
+                         f"preprocessing.json.")

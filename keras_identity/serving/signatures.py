@@ -11,8 +11,12 @@ the top-k ``classes`` (int64), their ``scores`` (float32) and their
   ``{"b64": ...}``), decoded and resized/cropped as at evaluation time;
 * ``serving_uint8``: ``images``, uint8 [N, H, W, C].
 
-Every signature applies the training run's :class:`Normalization` in the
-graph, so a client sends plain pixels.  Inputs of the wrong size or
+A client sends plain pixels: a model built with ``include_preprocessing``
+normalises them itself, and for a model without it (runs made before
+models carried their preprocessing) the signatures apply the training
+run's :class:`Normalization` from ``preprocessing.json`` in the graph.  A
+model with neither receives the pixel values as they are (see
+:func:`input_description`).  Inputs of the wrong size or
 corrupt image bytes fail with ``InvalidArgument``, and so does an encoded
 image over ``max_image_bytes`` or one whose header (JPEG, PNG, GIF, BMP)
 declares more than ``max_image_pixels`` pixels, before it is decoded: the
@@ -80,17 +84,38 @@ def _shape_check(images, height, width, channels):
     return checks
 
 
-def make_serving_functions(model, preprocessing, top_k=5, max_image_bytes=MAX_IMAGE_BYTES,
+def input_description(model, preprocessing=None):
+    """What the signatures feed ``model`` (one line, for the export log)."""
+    from keras_identity.layers.preprocessing import find_preprocessing
+
+    layer = find_preprocessing(model)
+    if layer is not None:
+        return (f"the model normalises its inputs itself (layer {layer.name!r}, "
+                f"{layer.mode}): every signature takes pixel values in [0, 255]")
+    normalization = (preprocessing or {}).get("normalization")
+    if normalization is not None:
+        return (f"the signatures apply the run's normalisation ({normalization.mode}) to "
+                f"pixel values in [0, 255]")
+    return ("the model has no preprocessing layer and no preprocessing was given: "
+            "serving_default passes its float inputs unchanged, serving_bytes and "
+            "serving_uint8 feed pixel values in [0, 255] as float32 (build the model with "
+            "include_preprocessing=True to normalise in the graph)")
+
+
+def make_serving_functions(model, preprocessing=None, top_k=5,
+                           max_image_bytes=MAX_IMAGE_BYTES,
                            max_image_pixels=MAX_IMAGE_PIXELS, forward=None):
     """Returns ``{signature_name: (fn, input_signature)}`` for ``model``.
 
     Args:
-        model: a Keras model taking normalised images.
+        model: a Keras model.
         forward: a TensorFlow callable computing ``model(images,
             training=False)`` (default: the model itself, on TensorFlow; the
             exporter passes the jax2tf-converted model on JAX).
-        preprocessing: the dict of :func:`load_preprocessing` (normalisation,
-            image shape, class names, ImageNet evaluation resize).
+        preprocessing: ``None``, or the dict of :func:`load_preprocessing`
+            (normalisation, image shape, class names, ImageNet evaluation
+            resize); its normalisation is applied only to a model that does
+            not include its own.
         top_k: classes and scores returned per example.
         max_image_bytes, max_image_pixels: bounds on each encoded image of
             ``serving_bytes`` (``InvalidArgument`` beyond, before decoding).
@@ -102,10 +127,19 @@ def make_serving_functions(model, preprocessing, top_k=5, max_image_bytes=MAX_IM
     _, height, width, channels = model.input_shape
     if channels is None:
         raise ValueError("the model's input needs a known number of channels.")
-    target = tuple(preprocessing["image_shape"])
+    from keras_identity.layers.preprocessing import find_preprocessing
+
+    preprocessing = preprocessing or {}
+    target = tuple(preprocessing.get("image_shape") or (height, width, channels))
     out_height = height or target[0]
     out_width = width or target[1]
-    normalization = preprocessing["normalization"]
+    if out_height is None or out_width is None:
+        raise ValueError("the model's input has no fixed height and width; give the serving "
+                         "image size as preprocessing={'image_shape': (height, width, "
+                         "channels)} (the bytes signature resizes and crops to it).")
+    normalization = preprocessing.get("normalization")
+    if find_preprocessing(model) is not None:
+        normalization = None  # in the model
     num_classes = model.output_shape[-1]
     names = list(preprocessing.get("class_names") or [])
     if len(names) != num_classes:
@@ -118,7 +152,8 @@ def make_serving_functions(model, preprocessing, top_k=5, max_image_bytes=MAX_IM
             return model(images, training=False)
 
     def predict(pixels):
-        probabilities = tf.cast(forward(normalization(pixels)), tf.float32)
+        images = pixels if normalization is None else normalization(pixels)
+        probabilities = tf.cast(forward(images), tf.float32)
         top = tf.math.top_k(probabilities, k=k)
         return {"probabilities": probabilities,
                 "classes": tf.cast(top.indices, tf.int64),

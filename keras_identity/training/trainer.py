@@ -97,6 +97,15 @@ class TrainConfig:
             if name in self.model_kwargs:
                 raise ValueError(f"model_kwargs sets {name!r}, which the trainer sets (from "
                                  f"--{name} or the data); remove it from model_kwargs.")
+        for name in ("include_preprocessing", "normalization"):
+            if name in self.model_kwargs:
+                raise ValueError(f"model_kwargs sets {name!r}, which the trainer sets (the "
+                                 f"model always normalises its inputs; choose the mode with "
+                                 f"--normalization); remove it from model_kwargs.")
+        for name, value in (("include_top", True), ("pooling", None)):
+            if self.model_kwargs.get(name, value) != value:
+                raise ValueError(f"model_kwargs sets {name}={self.model_kwargs[name]!r}; the "
+                                 f"trainer trains classifiers (include_top=True, no pooling).")
         if self.dataset not in datasets_lib.DATASETS:
             raise ValueError(f"dataset={self.dataset!r} is not valid; expected one of: "
                              f"{', '.join(repr(d) for d in datasets_lib.DATASETS)}.")
@@ -159,14 +168,21 @@ def _without_defaults(builder, arguments):
             if k not in defaults or v != defaults[k] or k in ("depth", "dataset")}
 
 
-def build_model(config, data, seed=None):
+def build_model(config, data, seed=None, normalization=None):
     """Builds ``config.model`` for ``data`` (its image shape and classes),
-    passing ``config.model_kwargs`` through to the builder."""
+    passing ``config.model_kwargs`` through to the builder.
+
+    With ``normalization`` (a :class:`Normalization` with the training
+    set's statistics) the model includes it as its first layer and takes
+    pixel values: the ``.keras`` file a run saves is self-contained.
+    """
     builder, kwargs = registry.resolve(
         config.model, config.depth, config.dataset, num_classes=data.num_classes,
         input_shape=tuple(data.image_shape), **config.model_kwargs)
     if "seed" in builder.parameters:
         kwargs["seed"] = seed
+    if normalization is not None:
+        kwargs.update(include_preprocessing=True, normalization=normalization)
     return builder.function(**kwargs)
 
 
@@ -441,7 +457,7 @@ def train(config, print_fn=print, strategy=None):
     normalization, augmentation, model_dir = run.normalization, run.augmentation, config.model_dir
     with strategy.scope():
         try:
-            model = build_model(config, data, seed=config.seed)
+            model = build_model(config, data, seed=config.seed, normalization=normalization)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         compile_model(model, make_optimizer(recipe, schedule, config), config.jit_compile)
@@ -500,13 +516,13 @@ def train(config, print_fn=print, strategy=None):
         return pipeline.train_dataset(
             data, batch_size=schedule.batch_size, normalization=normalization,
             augmentation=augmentation, seed=config.seed, start_step=start_step,
-            input_context=input_context)
+            input_context=input_context, raw_pixels=True)
 
     def make_eval(input_context=None):
         return pipeline.eval_dataset(
             data, batch_size=schedule.batch_size, normalization=normalization,
             pad_to_batch=tpu or strategy.num_replicas_in_sync > 1, eval_resize=eval_resize,
-            eval_crop=config.eval_crop, input_context=input_context)
+            eval_crop=config.eval_crop, input_context=input_context, raw_pixels=True)
 
     train_ds = pipeline.distribute(strategy, make_train)
     eval_ds = pipeline.distribute(strategy, make_eval)

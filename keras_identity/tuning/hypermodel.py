@@ -50,7 +50,8 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
     """
 
     def __init__(self, config, data, recipe, schedule, gate_biases=DEFAULT_GATE_BIASES,
-                 learning_rates=None, weight_decays=None, depths=None, **kwargs):
+                 learning_rates=None, weight_decays=None, depths=None, normalization=None,
+                 **kwargs):
         super().__init__(**kwargs)
         check_tunable(config)
         if not gate_biases:
@@ -59,6 +60,9 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
         self.data = data
         self.recipe = recipe
         self.schedule = schedule
+        # The training set's Normalization: each trial's model includes it
+        # and takes pixel values (None: the model takes normalised inputs).
+        self.normalization = normalization
         self.gate_biases = [float(b) for b in gate_biases]
         self.learning_rates = [float(v) for v in learning_rates or []]
         self.weight_decays = [float(v) for v in weight_decays or []]
@@ -93,7 +97,8 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
         schedule = self.schedule
         if config.learning_rate is not None:
             schedule = dataclasses.replace(schedule, learning_rate=config.learning_rate)
-        model = trainer.build_model(config, self.data, seed=config.seed)
+        model = trainer.build_model(config, self.data, seed=config.seed,
+                                    normalization=self.normalization)
         return trainer.compile_model(model, trainer.make_optimizer(self.recipe, schedule,
                                                                    config),
                                      config.jit_compile)

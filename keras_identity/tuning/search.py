@@ -345,7 +345,7 @@ def run_search(search, print_fn=print):
         hypermodel = GateBiasHyperModel(
             config, data, recipe, schedule, gate_biases=search.gate_biases,
             learning_rates=search.learning_rates, weight_decays=search.weight_decays,
-            depths=search.depths)
+            depths=search.depths, normalization=normalization)
         _check_same_search(config.model_dir, search_identity(search, full, recipe))
     except trainer.ConfigError:
         raise
@@ -356,13 +356,14 @@ def run_search(search, print_fn=print):
     def make_train(input_context=None):
         return pipeline.train_dataset(
             data, batch_size=schedule.batch_size, normalization=normalization,
-            augmentation=augmentation, seed=config.seed, input_context=input_context)
+            augmentation=augmentation, seed=config.seed, input_context=input_context,
+            raw_pixels=True)
 
     def make_val(input_context=None):
         return pipeline.eval_dataset(
             data, batch_size=schedule.batch_size, normalization=normalization, split="val",
             pad_to_batch=strategy.num_replicas_in_sync > 1
-            or strategies.is_tpu(strategy), input_context=input_context)
+            or strategies.is_tpu(strategy), input_context=input_context, raw_pixels=True)
 
     tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
     done_before = len(_trial_rows(tuner))

@@ -116,3 +116,18 @@ def test_pipelines_run_without_the_autotuning_thread():
     # The parallel map and prefetch still work without the tuner.
     x, y = next(iter(pipelines[0]))
     assert x.shape == (8, 8, 8, 3) and y.shape == (8,)
+
+
+def test_raw_pixels_are_what_the_model_normalises_to_the_normalising_pipeline():
+    """For models with their preprocessing: the CIFAR augmentation still pads
+    the normalised image with zeros, and normalising the raw stream gives the
+    normalising stream back."""
+    data = _data()
+    norm = Normalization.from_images("per_pixel_mean", data.x_train)
+    kwargs = dict(batch_size=8, normalization=norm, augmentation="cifar", seed=3)
+    normalised = next(iter(train_dataset(data, **kwargs)))[0].numpy()
+    raw = next(iter(train_dataset(data, raw_pixels=True, **kwargs)))[0].numpy()
+    np.testing.assert_allclose(norm(raw).numpy(), normalised, atol=2e-6)
+    evaluated = next(iter(eval_dataset(data, batch_size=8, normalization=norm,
+                                       raw_pixels=True)))[0].numpy()
+    np.testing.assert_array_equal(evaluated, data.x_test[:8].astype(np.float32))

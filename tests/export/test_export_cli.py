@@ -64,12 +64,43 @@ def test_export_cli_bad_flags(args, message):
     assert len([l for l in result.stderr.splitlines() if l.startswith("error")]) == 1
 
 
-def test_export_cli_needs_the_preprocessing(trained_run, tmp_path):
+def test_a_trained_model_alone_exports_and_serves_raw_pixels(trained_run, tmp_path):
+    """model.keras carries its preprocessing: no preprocessing.json needed."""
+    import keras
+    import tensorflow as tf
+
     lone = tmp_path / "model.keras"
     lone.write_bytes((trained_run / "r8" / "model.keras").read_bytes())
     result = run_module("export.export_saved_model", f"--model_path={lone}",
-                        f"--export_dir={tmp_path / 's'}")
-    assert result.returncode == 2 and "no preprocessing.json" in result.stderr
+                        f"--export_dir={tmp_path / 's'}", "--class_names=" + ",".join("abcdefghij"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "normalises its inputs itself (layer 'preprocessing', per_pixel_mean)" in result.stdout
+    pixels = np.random.default_rng(3).integers(0, 256, (3, 32, 32, 3)).astype(np.uint8)
+    served = tf.saved_model.load(str(tmp_path / "s" / "1")).signatures["serving_uint8"](
+        images=tf.constant(pixels))
+    expected = keras.models.load_model(lone).predict(pixels, verbose=0)
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-6)
+    assert served["class_names"].numpy()[0, 0].decode() in "abcdefghij"
+
+
+def test_a_model_saved_from_python_exports_with_the_cli(tmp_path):
+    """A model built and saved in Python, with or without its preprocessing."""
+    import keras_identity as ki
+
+    with_prep = ki.models.highway_net(10, include_preprocessing=True)
+    with_prep.save(tmp_path / "with.keras")
+    ki.models.highway_net(10).save(tmp_path / "without.keras")
+    result = run_module("export.export_saved_model", f"--model_path={tmp_path / 'with.keras'}",
+                        f"--export_dir={tmp_path / 'a'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(layer 'preprocessing', scale)" in result.stdout
+    result = run_module("export.export_saved_model",
+                        f"--model_path={tmp_path / 'without.keras'}",
+                        f"--export_dir={tmp_path / 'b'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "no preprocessing layer" in result.stdout
+    assert "pixel values in [0, 255]" in (tmp_path / "b" / "1" / "assets.extra" /
+                                          "inputs.txt").read_text()
 
 
 def _free_port():
@@ -177,6 +208,14 @@ def test_preprocessing_of_another_dataset_is_refused(trained_run, tmp_path):
     assert ("the preprocessing (dataset 'mnist', image_shape (28, 28, 1)) does not fit the "
             "model's input (32, 32, 3)") in result.stderr
     assert not (tmp_path / "out").exists()
+    # Statistics other than the model's own: refused, not applied twice.
+    other = tmp_path / "other_preprocessing.json"
+    save_preprocessing(str(other), dataset="cifar10", normalization=Normalization("scale"),
+                       image_shape=(32, 32, 3), class_names=[str(i) for i in range(10)])
+    result = _export(trained_run, f"--model_path={trained_run / 'r8' / 'model.keras'}",
+                     f"--export_dir={tmp_path / 'out'}", f"--preprocessing={other}")
+    assert result.returncode == 2
+    assert "normalises its inputs itself: pass no preprocessing" in result.stderr
 
 
 def test_a_failed_export_leaves_no_version_directory(trained_run, tmp_path, monkeypatch):

@@ -215,3 +215,57 @@ def test_bytes_signature_refuses_images_over_the_bounds(tmp_path):
             serve(image_bytes=tf.constant([ok, encoded]))
     with pytest.raises(ValueError, match="max_image_pixels=0"):
         export_saved_model(model, str(tmp_path / "n"), prep, max_image_pixels=0)
+
+
+# --- self-contained models: Keras's own model.export, and no preprocessing ----
+
+KERAS_EXPORT_FRESH = """
+import sys
+import numpy as np
+import tensorflow as tf
+served = tf.saved_model.load(sys.argv[1])
+images = np.load(sys.argv[2])
+np.save(sys.argv[3], served.serve(tf.constant(images)).numpy())
+"""
+
+
+@pytest.mark.parametrize("build, shape", [
+    (lambda: ki.models.preact_resnet(11, include_preprocessing=True,
+                                     normalization="per_channel"), (32, 32, 3)),
+    (lambda: ki.models.preact_resnet(38, stage_mode="scan", recompute="bn_relu",
+                                     include_preprocessing=True,
+                                     normalization="per_pixel_mean"), (32, 32, 3)),
+    (lambda: ki.models.highway_net(10, include_preprocessing=True), (28, 28, 1)),
+    (lambda: ki.models.highway_net(7, dataset="cifar10", width=4,
+                                   include_preprocessing=True, normalization="scale"),
+     (32, 32, 3)),
+])
+def test_keras_model_export_matches_predict_in_a_fresh_process(build, shape, tmp_path, rng):
+    """``model.export(path)`` (Keras's own) of a model with its preprocessing:
+    raw pixels in, the outputs of ``predict`` out, in a process that has
+    neither Keras nor keras_identity imported."""
+    model = build()
+    images = rng.integers(0, 256, (3,) + shape).astype(np.float32)
+    layer = model.get_layer("preprocessing")
+    if not layer.adapted:
+        layer.adapt(rng.integers(0, 256, (16,) + shape).astype(np.uint8))
+    model.export(str(tmp_path / "exported"), verbose=False)
+    np.save(tmp_path / "images.npy", images)
+    script = tmp_path / "fresh.py"
+    script.write_text(KERAS_EXPORT_FRESH)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "exported"),
+                    str(tmp_path / "images.npy"), str(tmp_path / "out.npy")], check=True,
+                   capture_output=True, env=dict(os.environ, KERAS_BACKEND="tensorflow"))
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"),
+                               model.predict(images, verbose=0), atol=2e-5)
+
+
+def test_a_model_without_preprocessing_exports_its_pixels_unchanged(tmp_path, rng):
+    model = ki.models.highway_net(10)
+    images = rng.integers(0, 256, (2, 28, 28, 1)).astype(np.uint8)
+    version = export_saved_model(model, str(tmp_path))
+    out = ServingEmulator(version).run("serving_uint8", {"images": images})
+    np.testing.assert_allclose(out["probabilities"],
+                               model.predict(images.astype(np.float32), verbose=0), atol=1e-5)
+    assert "feed pixel values in [0, 255]" in (
+        tmp_path / "1" / "assets.extra" / "inputs.txt").read_text()

@@ -1,0 +1,101 @@
+"""``weights=``: starting a model from the weights of a trained one."""
+
+import os
+
+import keras
+
+from keras_identity.models.stage import transfer_weights
+
+CLASSIFIER_LAYERS = ("predictions", "classifier_conv")
+_SUFFIXES = (".keras", ".weights.h5")
+
+
+def check_weights_path(weights):
+    """Refuses a ``weights`` that is not an existing ``.keras`` or
+    ``.weights.h5`` file (before anything is built)."""
+    if weights is None:
+        return
+    if not isinstance(weights, (str, os.PathLike)) or not str(weights).endswith(_SUFFIXES):
+        raise ValueError(f"weights={weights!r} is not valid; expected None or the path of a "
+                         f".keras or .weights.h5 file (no pretrained weights are "
+                         f"downloaded).")
+    if not os.path.isfile(weights):
+        raise ValueError(f"weights={str(weights)!r} does not exist.")
+
+
+def _h5_shapes(path):
+    import h5py
+
+    shapes = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: shapes.__setitem__(name, item.shape)
+                     if isinstance(item, h5py.Dataset) else None)
+    return shapes
+
+
+def _h5_mismatch(model, path):
+    """Why ``path`` is not a weights file of ``model``'s architecture, or
+    ``None``.  Keras keys a ``.weights.h5`` by layer class and position and
+    skips entries the model lacks, so the file is compared with the one the
+    model itself writes: every weight, same place, same shape."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        own = os.path.join(tmp, "own.weights.h5")
+        model.save_weights(own)
+        expected = _h5_shapes(own)
+    found = _h5_shapes(path)
+    for key in sorted(set(expected) | set(found)):
+        if key not in found:
+            return f"the file has no weight {key!r}"
+        if key not in expected:
+            return f"the model has no place for the file's weight {key!r}"
+        if tuple(found[key]) != tuple(expected[key]):
+            return f"weight {key!r} has shape {tuple(found[key])} in the file, " \
+                   f"{tuple(expected[key])} in the model"
+    return None
+
+
+def load_weights(model, weights):
+    """Loads ``weights`` (a ``.keras`` or ``.weights.h5`` path) into ``model``.
+
+    A ``.keras`` model gives its weights by layer name (and by unit, across
+    ``stage_mode``s): the target may leave out the source's classifier
+    (``include_top=False``), every other weight must have its place and
+    shape.  A ``.weights.h5`` file must come from this very architecture.
+
+    Raises:
+        ValueError: one line naming the file and the first weight that does
+            not fit.
+    """
+    check_weights_path(weights)
+    path = str(weights)
+    if path.endswith(".weights.h5"):
+        try:
+            reason = _h5_mismatch(model, path)
+            if reason is None:
+                model.load_weights(path)
+        except Exception as error:  # Keras raises ValueError or h5py errors
+            reason = " ".join(str(error).split())[:300]
+        if reason is not None:
+            raise ValueError(f"weights={path!r} does not fit {model.name!r} ({reason}); a "
+                             f".weights.h5 file loads into the architecture it was saved "
+                             f"from only (for a backbone of another model, pass that "
+                             f"model's .keras file).")
+        return model
+    try:
+        source = keras.models.load_model(path, compile=False)
+    except Exception as error:
+        reason = " ".join(str(error).split())[:300]
+        raise ValueError(f"weights={path!r} is not a readable .keras file "
+                         f"({type(error).__name__}: {reason}).") from None
+    names = {layer.name for layer in model.layers}
+    ignore = tuple(n for n in CLASSIFIER_LAYERS if n not in names)
+    try:
+        transfer_weights(source, model, ignore_source_layers=ignore)
+    except ValueError as error:
+        message = str(error).replace("transfer_weights: ", "")
+        hint = (" (a new number of classes: build with include_top=False and add a new "
+                "head)" if any(n in message for n in CLASSIFIER_LAYERS) else "")
+        raise ValueError(f"weights={path!r}: {message}{hint}") from None
+    return model
