@@ -47,6 +47,21 @@ def define_backend_flag():
                       "keras.distribution.DataParallel over the local devices.")
 
 
+def run_program(main, module_name):
+    """``app.run(main)`` for the program defined in ``module_name``.
+
+    absl's ``--helpshort`` lists the flags of the module that runs as the
+    program (``sys.argv[0]``): the console script or a wrapper, not the
+    module that defines the flags, so they are made key flags of it too.
+    """
+    from absl import app
+
+    for module in (module_name, __name__):  # the program's flags and the shared ones
+        for flag in flags.FLAGS.get_key_flags_for_module(module):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    app.run(main, flags_parser=one_line_flags_parser)
+
+
 def one_line_flags_parser(argv):
     """absl flag parsing that reports a bad flag in one line and exits with 2."""
     try:

@@ -18,7 +18,6 @@ command reports success.
 
 import os
 
-from absl import app
 from absl import flags
 
 from keras_identity_cli import _common as _cli
@@ -106,7 +105,7 @@ def main(argv):
 
 def run():
     """The console command keras-identity-export."""
-    app.run(main, flags_parser=_cli.one_line_flags_parser)
+    _cli.run_program(main, __name__)
 
 
 if __name__ == "__main__":

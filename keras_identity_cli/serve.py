@@ -22,7 +22,6 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler
 from http.server import HTTPServer
 
-from absl import app
 from absl import flags
 
 from keras_identity_cli import _common as _cli
@@ -236,7 +235,7 @@ def main(argv):
 
 def run():
     """The console command keras-identity-serve."""
-    app.run(main, flags_parser=_cli.one_line_flags_parser)
+    _cli.run_program(main, __name__)
 
 
 if __name__ == "__main__":

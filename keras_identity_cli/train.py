@@ -13,7 +13,6 @@ preprocessing.json (what serving needs) and the final model.keras.
 
 import os
 
-from absl import app
 from absl import flags
 
 from keras_identity_cli import _common as _cli
@@ -109,7 +108,7 @@ def main(argv):
 
 def run():
     """The console command keras-identity-train."""
-    app.run(main, flags_parser=_cli.one_line_flags_parser)
+    _cli.run_program(main, __name__)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ val_error_vs_gate_bias.png into --model_dir.
 
 import os
 
-from absl import app
 from absl import flags
 
 from keras_identity_cli import _common as _cli
@@ -108,7 +107,7 @@ def main(argv):
 
 def run():
     """The console command keras-identity-tune."""
-    app.run(main, flags_parser=_cli.one_line_flags_parser)
+    _cli.run_program(main, __name__)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ class ImageNormalization(keras.layers.Layer):
 
     def __init__(self, mode="scale", mean=None, std=None, **kwargs):
         super().__init__(**kwargs)
-        self._set(Normalization(mode, mean, std))
+        self.set_normalization(Normalization(mode, mean, std))
 
-    def _set(self, normalization):
+    def set_normalization(self, normalization):
+        """Replaces the mode and statistics (a :class:`Normalization`); call
+        it before the model is traced for training or prediction."""
         mode, mean, std = normalization.mode, normalization.mean, normalization.std
         if mode == "scale" and (mean is not None or std is not None):
             raise ValueError("ImageNormalization(mode='scale') takes no mean or std.")
@@ -113,7 +115,7 @@ class ImageNormalization(keras.layers.Layer):
         if self.mode == "scale":
             return self
         normalization = Normalization.from_images(self.mode, images, batch_size=batch_size)
-        self._set(normalization)
+        self.set_normalization(normalization)
         return self
 
     def compute_output_shape(self, input_shape):

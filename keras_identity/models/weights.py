@@ -4,6 +4,7 @@ import os
 
 import keras
 
+from keras_identity.layers.preprocessing import find_preprocessing
 from keras_identity.models.stage import transfer_weights
 
 CLASSIFIER_LAYERS = ("predictions", "classifier_conv")
@@ -62,7 +63,10 @@ def load_weights(model, weights):
     A ``.keras`` model gives its weights by layer name (and by unit, across
     ``stage_mode``s): the target may leave out the source's classifier
     (``include_top=False``), every other weight must have its place and
-    shape.  A ``.weights.h5`` file must come from this very architecture.
+    shape.  If both models include their preprocessing, the target takes
+    the source's normalisation statistics too (the features were learned on
+    inputs normalised so).  A ``.weights.h5`` file must come from this very
+    architecture.
 
     Raises:
         ValueError: one line naming the file and the first weight that does
@@ -98,4 +102,7 @@ def load_weights(model, weights):
         hint = (" (a new number of classes: build with include_top=False and add a new "
                 "head)" if any(n in message for n in CLASSIFIER_LAYERS) else "")
         raise ValueError(f"weights={path!r}: {message}{hint}") from None
+    source_layer, target_layer = find_preprocessing(source), find_preprocessing(model)
+    if source_layer is not None and target_layer is not None:
+        target_layer.set_normalization(source_layer.normalization)
     return model

@@ -1,6 +1,6 @@
 """One training loop for every model, strategy and precision.
 
-:func:`train` is what ``python -m experiments.train`` runs; the pieces
+:func:`train` is what ``keras-identity-train`` runs; the pieces
 (:func:`build_model`, :func:`compile_model`, ...) are public so that the
 tuner and notebooks share them.
 """

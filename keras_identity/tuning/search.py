@@ -98,7 +98,7 @@ _TUNER_CLASSES = {
 
 @dataclasses.dataclass
 class SearchConfig:
-    """A gate-bias search (the ``experiments.tune`` flags).
+    """A gate-bias search (the ``keras-identity-tune`` flags).
 
     ``train`` holds the model, dataset, recipe and trial length (its
     ``epochs``) and ``model_dir``, where the tuner keeps its state: running

@@ -86,3 +86,11 @@ def test_plot_runs(tmp_path):
     assert out.stat().st_size > 5000
     bad = run_cli("experiments.plot_runs", f"--run_dirs={tmp_path}")
     assert bad.returncode == 2 and "has no history.json" in bad.stderr
+
+
+def test_helpshort_lists_the_program_and_model_flags():
+    """The flags live in keras_identity_cli; --helpshort of the wrapper (and of
+    the console command, whose argv[0] is its script) still lists them."""
+    result = run_cli("experiments.train", "--helpshort")  # absl exits 1 after help
+    for flag in ("--model:", "--shortcut:", "--gate_bias_init:", "--backend:", "--data_dir:"):
+        assert flag in result.stdout, flag

@@ -141,5 +141,18 @@ def test_weights_h5_of_the_same_architecture(tmp_path, cifar_pixels):
     same = ki.models.resnet(20, weights=str(tmp_path / "r20.weights.h5"))
     np.testing.assert_allclose(same.predict(cifar_pixels, verbose=0),
                                source.predict(cifar_pixels, verbose=0), atol=1e-6)
-    with pytest.raises(ValueError, match=r"does not fit .*no place for .*dense.*model.s \.keras file"):
+    with pytest.raises(ValueError,
+                       match=r"does not fit .*no place for .*dense.*model.s \.keras file"):
         ki.models.resnet(20, include_top=False, weights=str(tmp_path / "r20.weights.h5"))
+
+
+def test_weights_bring_the_source_models_normalisation(tmp_path, rng):
+    pixels = rng.integers(0, 256, (8, 32, 32, 3)).astype(np.uint8)
+    norm = Normalization.from_images("per_channel", pixels)
+    ki.models.preact_resnet(20, include_preprocessing=True, normalization=norm).save(
+        tmp_path / "src.keras")
+    backbone = ki.models.preact_resnet(20, include_top=False, include_preprocessing=True,
+                                       weights=str(tmp_path / "src.keras"))
+    layer = backbone.get_layer("preprocessing")
+    assert layer.mode == "per_channel" and layer.adapted
+    np.testing.assert_allclose(layer.normalization.std, norm.std)
