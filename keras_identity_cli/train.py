@@ -52,6 +52,8 @@ flags.DEFINE_string("tpu", "", "TPU address for --strategy=tpu (Colab: empty).")
 flags.DEFINE_enum("precision", "float32", list(_cli.constants().PRECISIONS),
                   "Keras dtype policy (mixed_float16 uses loss scaling).")
 flags.DEFINE_bool("jit_compile", False, "Compile the training step with XLA.")
+flags.DEFINE_integer("steps_per_execution", None, "Training steps per call of the compiled "
+                     "function (default: 32 on a TPU, else 1; a divisor of the epoch).")
 flags.DEFINE_integer("seed", 0, "Seed of initialisation, shuffling and augmentation.")
 flags.DEFINE_bool("deterministic", False, "Enable TensorFlow op determinism (with --seed: "
                   "repeatable runs on CPU).")
@@ -81,7 +83,8 @@ def config_from_flags():
         momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay,
         warmup_steps=FLAGS.warmup_steps, normalization=FLAGS.normalization,
         augmentation=FLAGS.augmentation, strategy=FLAGS.strategy, tpu=FLAGS.tpu,
-        precision=FLAGS.precision, jit_compile=FLAGS.jit_compile, seed=FLAGS.seed,
+        precision=FLAGS.precision, jit_compile=FLAGS.jit_compile,
+        steps_per_execution=FLAGS.steps_per_execution, seed=FLAGS.seed,
         deterministic=FLAGS.deterministic, keep_checkpoints=FLAGS.keep_checkpoints,
         train_examples=FLAGS.train_examples, test_examples=FLAGS.test_examples,
         eval_crop=int(FLAGS.eval_crop), verbose=int(FLAGS.verbose))

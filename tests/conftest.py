@@ -54,6 +54,7 @@ JAX_LEG = (
     "tests/serving/test_export.py::test_warmup_requests_parse_and_replay",
     "tests/serving/test_export.py::test_every_family_exports",
     "tests/serving/test_export.py::test_keras_model_export_matches_predict_in_a_fresh_process",
+    "tests/training/test_tpu_steps.py::test_every_family_trains_with_xla_in_bfloat16",
     "tests/layers/test_preprocessing.py",
     "tests/models/test_inputs_and_outputs.py::test_a_model_with_its_preprocessing_equals",
     "tests/export/test_export_cli.py::test_local_server_answers_rest_and_grpc_clients",
@@ -64,12 +65,41 @@ JAX_LEG = (
 JAX_LEG_EXCLUDED = ("test_every_shortcut_ordering_and_block_equals_unrolled",)
 
 
+# --- CI's TensorFlow 2.19 leg -------------------------------------------------
+# tensorflow-tpu's last release line is 2.19, so CI also runs the core tests
+# with tensorflow-cpu 2.19 (`python -m pytest -q --core-leg` in that
+# environment): the layers, the models, the looped stage with its written
+# gradient, XLA training steps in bfloat16, training, and the export.
+CORE_LEG = (
+    "tests/layers/test_highway.py",
+    "tests/layers/test_preprocessing.py",
+    "tests/layers/test_fused_batch_normalization.py",
+    "tests/layers/residual/test_tf_loop.py",
+    "tests/layers/residual/test_shortcuts.py",
+    "tests/models/test_resnet.py::test_parameter_counts",
+    "tests/models/test_highway_net.py",
+    "tests/models/test_inputs_and_outputs.py",
+    "tests/training/test_tpu_steps.py::test_every_family_trains_with_xla_in_bfloat16",
+    "tests/training/test_trainer.py::test_short_real_mnist_run_is_well_above_chance",
+    "tests/training/test_strategies.py",
+    "tests/serving/test_export.py",
+)
+
+
 def pytest_addoption(parser):
     parser.addoption("--jax-leg", action="store_true",
                      help="on KERAS_BACKEND=jax, run only CI's JAX leg (see tests/conftest.py)")
+    parser.addoption("--core-leg", action="store_true",
+                     help="run only the core tests (CI's TensorFlow 2.19 leg, see "
+                          "tests/conftest.py)")
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--core-leg"):
+        keep = [item for item in items if item.nodeid.startswith(CORE_LEG)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+        return
     if not config.getoption("--jax-leg"):
         return
     if keras.backend.backend() != "jax":

@@ -21,11 +21,36 @@ import tensorflow as tf
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 
+# What a TensorFlow without TPU kernels (tensorflow-cpu, or tensorflow-tpu
+# without its libtpu) says when asked to initialise a TPU.
+_NO_TPU_KERNELS = ("ConfigureDistributedTPU", "No OpKernel was registered", "libtpu")
+
+
+class MissingTPUSupport(ValueError):
+    """A TPU is present but this TensorFlow cannot drive it."""
+
+
 def _tpu_strategy(address):
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
-    tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        text = " ".join(str(error).split())
+        if any(marker in text for marker in _NO_TPU_KERNELS):
+            raise MissingTPUSupport(
+                f"a TPU is present (tpu={address!r}) but TensorFlow {tf.__version__} has no "
+                f"TPU kernels ({text[:100]}): install tensorflow-tpu with the libtpu of its "
+                f"version from https://storage.googleapis.com/libtpu-releases/index.html "
+                f"(docs/tpu.md), or use the JAX route (KERAS_BACKEND=jax with jax[tpu])."
+            ) from None
+        raise
     return tf.distribute.TPUStrategy(resolver)
+
+
+def _tpu_present():
+    """Whether this machine has local TPU chips (a TPU VM)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def _tpu_candidates(tpu_address):
@@ -35,7 +60,7 @@ def _tpu_candidates(tpu_address):
     if tpu_address:
         return [tpu_address]
     candidates = []
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    if _tpu_present():
         candidates.append("local")
     if os.environ.get("COLAB_TPU_ADDR") or os.environ.get("TPU_NAME"):
         candidates.append("")
@@ -86,6 +111,11 @@ def _jax_distribution(name, tpu_address):
                          f"--strategy=multi_worker).")
     devices = jax.local_devices()
     accelerators = [d for d in devices if d.platform in ("tpu", "gpu")]
+    if not accelerators and _tpu_present() and name != "default":
+        raise ValueError(f"this machine has TPU chips but JAX {jax.__version__} sees "
+                         f"{describe_devices(devices)}: install jax[tpu] of the same version "
+                         f"(pip install -U 'jax[tpu]=={jax.__version__}'; docs/tpu.md), or "
+                         f"pass --strategy=default to train on the CPU.")
     if name == "tpu":
         tpus = [d for d in devices if d.platform == "tpu"]
         if not tpus:
@@ -113,8 +143,11 @@ def get_strategy(name="auto", tpu_address=""):
 
     TensorFlow:
 
-    * ``auto``: a TPU if ``TPUClusterResolver`` finds one (Colab), else
-      ``MirroredStrategy`` over the visible GPUs, else the default strategy;
+    * ``auto``: a TPU if ``TPUClusterResolver`` finds one (``tpu="local"``
+      first on a TPU VM, then the named TPU), else ``MirroredStrategy``
+      over the visible GPUs, else the default strategy.  A TPU this
+      TensorFlow has no kernels for raises :class:`MissingTPUSupport`
+      naming the install;
     * ``default``: no distribution; ``one_device``: the first GPU (or CPU);
     * ``mirrored``: all local GPUs (the CPU if there are none);
     * ``multi_worker``: ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``;
@@ -133,13 +166,19 @@ def get_strategy(name="auto", tpu_address=""):
     backend = keras.backend.backend()
     if backend == "jax":
         return _jax_distribution(name, tpu_address)
+    if tpu_address and name not in ("auto", "tpu"):
+        raise ValueError(f"tpu={tpu_address!r} applies only with strategy='tpu' or 'auto'.")
     if backend != "tensorflow":
         raise ValueError(f"training runs on the TensorFlow and JAX backends; the Keras "
                          f"backend is {backend!r} (set KERAS_BACKEND=tensorflow or jax).")
     if name == "auto":
+        # A TPU VM's local chips first, then the named TPU (Colab, TPU_NAME);
+        # a TPU this TensorFlow cannot drive is an error, not a CPU run.
         for address in _tpu_candidates(tpu_address):
             try:
                 return _tpu_strategy(address)
+            except MissingTPUSupport:
+                raise
             except (ValueError, RuntimeError, tf.errors.OpError):
                 continue
         gpus = tf.config.list_logical_devices("GPU")
@@ -164,6 +203,8 @@ def get_strategy(name="auto", tpu_address=""):
     for address in _tpu_candidates(tpu_address) or [""]:
         try:
             return _tpu_strategy(address)
+        except MissingTPUSupport:
+            raise
         except (ValueError, RuntimeError, tf.errors.OpError) as error:
             errors.append(" ".join(str(error).split())[:120])
     raise ValueError(f"strategy='tpu' found no TPU ({'; '.join(errors)}); use "

@@ -70,6 +70,7 @@ class TrainConfig:
     tpu: str = ""
     precision: str = "float32"
     jit_compile: bool = False
+    steps_per_execution: int = None
     seed: int = 0
     deterministic: bool = False
     model_dir: str = "runs/default"
@@ -119,7 +120,7 @@ class TrainConfig:
         if self.recipe is not None:
             recipes_lib.get_recipe(self.recipe)
         for name in ("batch_size", "epochs", "train_steps", "steps_per_epoch",
-                     "train_examples", "test_examples"):
+                     "train_examples", "test_examples", "steps_per_execution"):
             value = getattr(self, name)
             if value is not None:
                 _checks.check_positive_int(name, value)
@@ -198,7 +199,53 @@ def make_optimizer(recipe, schedule, config):
                        nesterov=recipe.nesterov, coupled_weight_decay=decay)
 
 
-def compile_model(model, optimizer, jit_compile=False):
+# Training steps per call of the compiled function on a TPU (host round trips
+# dominate small steps there); elsewhere one.
+TPU_STEPS_PER_EXECUTION = 32
+
+
+def resolve_steps_per_execution(requested, schedule, tpu):
+    """Steps per compiled call: ``requested``, or 32 on a TPU and 1 elsewhere,
+    as a divisor of the epoch and of the run's length (a call never crosses
+    a checkpoint or the end of training).
+
+    Raises:
+        ValueError: a requested value that does not divide them.
+    """
+    total, per_epoch = schedule.total_steps, schedule.steps_per_epoch
+    if requested is not None:
+        if per_epoch % requested or total % requested:
+            raise ValueError(f"steps_per_execution={requested} is not valid: it must divide "
+                             f"steps_per_epoch={per_epoch} and the run's {total} steps.")
+        return requested
+    wanted = TPU_STEPS_PER_EXECUTION if tpu else 1
+    return max(d for d in range(1, wanted + 1) if per_epoch % d == 0 and total % d == 0)
+
+
+def check_distributed_step(config, strategy, steps_per_execution):
+    """Refuses what Keras 3's TensorFlow trainer cannot run on several
+    replicas of a ``MirroredStrategy``/``MultiWorkerMirroredStrategy``: it
+    compiles ``strategy.run`` inside the XLA function (keras-team/keras#18145)
+    and loops over distributed iterators in a ``tf.while_loop`` that fails
+    with "You must feed a value for placeholder tensor" (keras-team/keras#19246;
+    both reproduced with Keras 3.15 on two logical CPU devices).  A TPU
+    compiles its step itself, and JAX has neither problem."""
+    if (keras.backend.backend() != "tensorflow" or strategies.is_tpu(strategy)
+            or strategy.num_replicas_in_sync < 2):
+        return
+    where = strategies.describe(strategy)
+    if config.jit_compile:
+        raise ValueError(f"jit_compile=True is not valid with {where} on TensorFlow: Keras "
+                         f"compiles the whole distributed step, which tf.distribute cannot "
+                         f"run (keras-team/keras#18145); drop --jit_compile, or use "
+                         f"--backend=jax.")
+    if steps_per_execution > 1:
+        raise ValueError(f"steps_per_execution={steps_per_execution} is not valid with {where} "
+                         f"on TensorFlow (Keras's multi-step loop fails on distributed "
+                         f"iterators, keras-team/keras#19246); use 1, or --backend=jax.")
+
+
+def compile_model(model, optimizer, jit_compile=False, steps_per_execution=1):
     """Compiles ``model`` for training and creates its optimizer's variables.
 
     Call it inside the strategy's scope. Building the optimizer here, rather
@@ -217,7 +264,7 @@ def compile_model(model, optimizer, jit_compile=False):
                   weighted_metrics=[
                       keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
                       keras.metrics.SparseCategoricalCrossentropy(name="cross_entropy")],
-                  jit_compile=jit_compile)
+                  jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     build_optimizer(model)
     return model
 
@@ -381,6 +428,7 @@ class Run:
     state: dict
     identity: dict = None
     extended_from: int = None
+    steps_per_execution: int = 1
 
 
 def prepare(config, strategy=None):
@@ -409,6 +457,9 @@ def prepare(config, strategy=None):
                              f"larger than the training set.")
         normalization = make_normalization(config.normalization or recipe.normalization, data)
         augmentation = config.augmentation or recipe.augmentation
+        steps_per_execution = resolve_steps_per_execution(
+            config.steps_per_execution, schedule, strategies.is_tpu(strategy))
+        check_distributed_step(config, strategy, steps_per_execution)
         identity = run_identity(config, data, recipe, schedule, normalization, augmentation)
         checkpointer = checkpoints.Checkpointer(
             os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints)
@@ -437,7 +488,8 @@ def prepare(config, strategy=None):
     return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
                recipe=recipe, schedule=schedule, normalization=normalization,
                augmentation=augmentation, checkpointer=checkpointer, state=state,
-               identity=identity, extended_from=extended_from)
+               identity=identity, extended_from=extended_from,
+               steps_per_execution=steps_per_execution)
 
 
 def train(config, print_fn=print, strategy=None):
@@ -460,7 +512,12 @@ def train(config, print_fn=print, strategy=None):
             model = build_model(config, data, seed=config.seed, normalization=normalization)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        compile_model(model, make_optimizer(recipe, schedule, config), config.jit_compile)
+        # TPUStrategy compiles every step with XLA itself (Keras's own
+        # jit_compile would wrap the distributed call in a second one).
+        jit_compile = config.jit_compile and not (
+            keras.backend.backend() == "tensorflow" and strategies.is_tpu(strategy))
+        compile_model(model, make_optimizer(recipe, schedule, config), jit_compile,
+                      steps_per_execution=run.steps_per_execution)
         try:
             state = checkpointer.restore(model) if run.state is not None else None
         except checkpoints.CheckpointError as error:
@@ -489,6 +546,8 @@ def train(config, print_fn=print, strategy=None):
     start_step = state["step"] if state else 0
     history = state["history"] if state else []
     params = sum(int(w.numpy().size) for w in model.trainable_weights)
+    per_execution = (f", {run.steps_per_execution} steps per execution"
+                     if run.steps_per_execution > 1 else "")
     print_fn(f"model {model.name}: {params:,} trainable parameters; data {data.name} from "
              f"{data.source} ({data.num_train:,} train / {data.num_test:,} test images)")
     print_fn(f"recipe {recipe.name}: global batch {schedule.batch_size}, lr "
@@ -496,7 +555,8 @@ def train(config, print_fn=print, strategy=None):
              f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), lr drops at "
              f"{list(schedule.boundaries)}, warm-up {schedule.warmup_steps}; "
              f"{strategies.describe(strategy)}, {config.precision}"
-             f"{', XLA' if model.jit_compile else ''}, Keras backend {keras.backend.backend()}")
+             f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
+             f"{keras.backend.backend()}")
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
                  f"in {checkpointer.directory}")

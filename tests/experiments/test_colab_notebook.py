@@ -1,4 +1,6 @@
-"""experiments/colab_tpu.ipynb runs top to bottom (tiny, offline, on the CPU)."""
+"""experiments/colab_tpu.ipynb runs top to bottom on both routes (tiny,
+offline, on the CPU), and its install cell picks the right packages for
+each runtime."""
 
 import os
 
@@ -9,7 +11,9 @@ from tests.conftest import REPO
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-TINY = """REPO_URL = "unused"
+NOTEBOOK = os.path.join(REPO, "experiments", "colab_tpu.ipynb")
+TINY = """ROUTE = {route!r}
+PACKAGE = "unused"
 DEPTH = 11
 BATCH_PER_REPLICA = 32
 TRAIN_STEPS = 2
@@ -20,16 +24,60 @@ EXPORT_DIR = "serving/colab_tiny"
 """
 
 
-def test_notebook_runs_top_to_bottom(tmp_path, shared_dir):
-    notebook = nbformat.read(os.path.join(REPO, "experiments", "colab_tpu.ipynb"), as_version=4)
+def _install_functions():
+    """The install cell's functions, without running its installs."""
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c for c in notebook.cells if "def install_plan" in c.source)
+    source = cell.source.split("RUNTIME, CHIPS, ACCELERATOR, PYTHON =")[0]
+    namespace = {"PACKAGE": "keras_identity"}
+    exec(source, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("route, kind, python, expected", [
+    ("auto", "tpu", (3, 12), ("jax", ["keras_identity[jax]", "jax[tpu]>=0.10,<0.11"])),
+    ("auto", "gpu", (3, 12), ("tensorflow", ["keras_identity[gpu]"])),
+    ("auto", "cpu", (3, 11), ("tensorflow", ["keras_identity[cpu]"])),
+    ("jax", "gpu", (3, 12), ("jax", ["jax[cuda12]>=0.10,<0.11"])),
+    ("tensorflow", "tpu", (3, 11), ("tensorflow", [
+        "tensorflow-tpu==2.19.0", "https://storage.googleapis.com/libtpu-tf-releases/index.html",
+        "keras>=3.15,<4"])),
+])
+def test_install_plan_per_runtime(route, kind, python, expected):
+    plan = _install_functions()["install_plan"]
+    resolved, commands = plan(route, kind, python)
+    assert resolved == expected[0]
+    for argument in expected[1]:
+        assert argument in commands[0]
+    assert commands[-1] == ["--no-deps", "tensorflow-serving-api>=2.18,<2.22"]
+    assert not any("tensorflow-cpu" in a or a.startswith("tensorflow==") for a in commands[0])
+
+
+def test_tensorflow_on_a_tpu_runtime_without_wheels_says_what_to_pick():
+    plan = _install_functions()["install_plan"]
+    with pytest.raises(RuntimeError, match=r"Python 3\.9-3\.12; this runtime has Python 3\.13.*"
+                                           r"Runtime version.*ROUTE = 'jax'"):
+        plan("tensorflow", "tpu", (3, 13))
+    with pytest.raises(ValueError, match="ROUTE='torch'"):
+        plan("torch", "tpu", (3, 12))
+
+
+@pytest.mark.parametrize("route", ["tensorflow", "jax"])
+def test_notebook_runs_top_to_bottom(route, tmp_path, shared_dir):
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
     parameters = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(parameters) == 1
-    parameters[0].source = TINY.format(data_dir=os.path.join(shared_dir, "data"))
+    parameters[0].source = TINY.format(route=route, data_dir=os.path.join(shared_dir, "data"))
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     text = "\n".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
                      for out in cell.get("outputs", []))
+    assert f"route: {route}" in text
+    assert "keras_identity is installed; nothing to install" in text
+    assert f"Keras {__import__('keras').__version__} {route}" in text
+    if route == "jax":
+        assert "devices: [CpuDevice(id=0)]" in text
     assert "test error" in text
     assert "3 warm-up requests replayed" in text
     assert "signature_def['serving_bytes']" in text

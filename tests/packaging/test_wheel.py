@@ -33,8 +33,8 @@ COMMANDS = {
 }
 # Left out of the copy of the repository the wheel is built from: what
 # .gitignore keeps out of the repository, and its git and virtual environment.
-_TOP_LEVEL_NOT_COPIED = {".git", ".venv", "build", "dist", "runs", "serving", "tmp", ".whl",
-                         ".gl", ".pytest_cache"}
+_TOP_LEVEL_NOT_COPIED = {".git", ".venv", ".venv-tf219", "build", "dist", "runs", "serving",
+                         "tmp", ".whl", ".gl", ".pytest_cache"}
 
 
 def _not_copied(directory, names):

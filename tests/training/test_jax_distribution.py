@@ -66,3 +66,10 @@ def test_strategy_names_resolve_to_keras_distributions():
 def test_unavailable_distributions_are_refused_in_one_line(name, tpu, match):
     with pytest.raises(ValueError, match=match):
         strategies.get_strategy(name, tpu)
+
+
+def test_tpu_chips_that_jax_cannot_see_name_the_install(monkeypatch):
+    monkeypatch.setattr(strategies.glob, "glob", lambda pattern: ["/dev/accel0"])
+    with pytest.raises(ValueError, match=r"TPU chips but JAX .* sees \d+ CPU: install jax\[tpu\]"):
+        strategies.get_strategy("auto")
+    assert strategies.get_strategy("default").num_replicas_in_sync == 1

@@ -76,3 +76,20 @@ def test_default_recipes_and_bad_names():
         get_recipe("sgdr")
     with pytest.raises(ValueError, match="batch_size=0"):
         resolve(get_recipe("cifar"), num_train=10, batch_size=0)
+
+
+def test_steps_per_execution_is_32_on_a_tpu_and_divides_the_epoch_and_the_run():
+    from keras_identity.training.trainer import resolve_steps_per_execution
+
+    def schedule(per_epoch, total):
+        return recipes.Schedule(learning_rate=0.1, total_steps=total, steps_per_epoch=per_epoch,
+                                boundaries=(), warmup_steps=0, warmup_rate=None, warmup="none",
+                                batch_size=128, scale=1.0)
+
+    assert resolve_steps_per_execution(None, schedule(390, 64_000 // 390 * 390), True) == 30
+    assert resolve_steps_per_execution(None, schedule(128, 1280), True) == 32
+    assert resolve_steps_per_execution(None, schedule(128, 1280), False) == 1
+    assert resolve_steps_per_execution(None, schedule(7, 21), True) == 7
+    assert resolve_steps_per_execution(16, schedule(128, 1280), False) == 16
+    with pytest.raises(ValueError, match="steps_per_execution=10 is not valid: it must divide"):
+        resolve_steps_per_execution(10, schedule(128, 1280), False)

@@ -48,3 +48,54 @@ def test_tpu_candidates(monkeypatch):
     monkeypatch.setattr(strategies.glob, "glob", lambda pattern: ["/dev/accel0"])
     assert strategies._tpu_candidates("") == ["local"]
     assert isinstance(tf.distribute.get_strategy(), tf.distribute.Strategy)
+
+
+def _no_tpu_kernels(monkeypatch):
+    """A TPU VM whose TensorFlow has no TPU kernels (tensorflow-cpu, or
+    tensorflow-tpu without its libtpu): what TensorFlow raises there."""
+    monkeypatch.setattr(strategies.glob, "glob", lambda pattern: ["/dev/accel0"])
+
+    def initialize(resolver):
+        raise tf.errors.NotFoundError(
+            None, None, "No OpKernel was registered to support Op 'ConfigureDistributedTPU' "
+                        "used by {{node ConfigureDistributedTPU}}")
+
+    class Resolver:
+        def __init__(self, tpu=None):
+            self.tpu = tpu
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialize)
+
+
+@pytest.mark.parametrize("name", ["auto", "tpu"])
+def test_a_tpu_without_tensorflow_tpu_kernels_names_the_missing_install(monkeypatch, name):
+    _no_tpu_kernels(monkeypatch)
+    with pytest.raises(strategies.MissingTPUSupport) as error:
+        get_strategy(name)
+    message = str(error.value)
+    assert "\n" not in message
+    for words in ("tpu='local'", "has no TPU kernels", "tensorflow-tpu", "libtpu",
+                  "docs/tpu.md", "KERAS_BACKEND=jax"):
+        assert words in message
+
+
+def test_local_tpu_comes_before_the_named_one(monkeypatch):
+    monkeypatch.setattr(strategies.glob, "glob", lambda pattern: ["/dev/vfio/0"])
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    assert strategies._tpu_candidates("") == ["local", ""]
+    tried = []
+
+    def fake(address):
+        tried.append(address)
+        raise ValueError("not reachable")
+
+    monkeypatch.setattr(strategies, "_tpu_strategy", fake)
+    assert get_strategy("auto").num_replicas_in_sync == 1  # then GPUs, then the CPU
+    assert tried == ["local", ""]
+
+
+def test_a_tpu_address_applies_to_tpu_strategies_only():
+    with pytest.raises(ValueError, match="tpu='10.0.0.2:8470' applies only with"):
+        get_strategy("mirrored", tpu_address="10.0.0.2:8470")
