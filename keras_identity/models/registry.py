@@ -104,6 +104,13 @@ def _entries():
             "layers of 50 blocks (Srivastava et al. 2015, Fig. 1)", depth=depth)
         add(f"plain{depth}_mnist", "plain_net", f"fully connected plain net, {depth} layers "
             "of 71 units (Srivastava et al. 2015, Fig. 1)", depth=depth)
+    for width in (16, 32):
+        add(f"highway10_conv{width}_mnist", "highway_net", f"convolutional highway net, 9 "
+            f"convolutional layers of {width} maps + softmax (Srivastava et al. 2015, Table 1)",
+            depth=10, architecture="convolutional", width=width)
+    add("plain10_conv_mnist", "plain_net", "convolutional plain net, 9 convolutional layers "
+        "of 23 maps + softmax (the plain counterpart of highway10_conv16_mnist)", depth=10,
+        architecture="convolutional")
     add("highway19_cifar10", "highway_net", "convolutional highway net, 19 layers "
         "(Srivastava et al. 2015, Sec. 3.3)", depth=19, dataset="cifar10")
     add("highway50_cifar100", "highway_net", "fully connected highway net, 50 layers, "

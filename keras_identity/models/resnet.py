@@ -134,7 +134,8 @@ def _check_input_shape(input_shape, dataset):
     return shape
 
 
-def resolve_normalization(include_preprocessing, normalization, *, dataset, builder):
+def resolve_normalization(include_preprocessing, normalization, *, dataset, builder,
+                          architecture=None):
     """The :class:`Normalization` of the model's preprocessing layer, or
     ``None`` without ``include_preprocessing``.
 
@@ -157,7 +158,8 @@ def resolve_normalization(include_preprocessing, normalization, *, dataset, buil
     if normalization is None:
         from keras_identity.training import recipes  # the recipes' choice, read lazily
 
-        normalization = recipes.RECIPES[recipes.default_recipe(builder, dataset)].normalization
+        normalization = recipes.RECIPES[recipes.default_recipe(
+            builder, dataset, architecture)].normalization
     if isinstance(normalization, dict):
         try:
             normalization = Normalization.from_dict(normalization)

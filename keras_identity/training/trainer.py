@@ -160,7 +160,8 @@ class TrainConfig:
 
     @property
     def resolved_recipe(self):
-        return self.recipe or recipes_lib.default_recipe(self.family, self.dataset)
+        return self.recipe or recipes_lib.default_recipe(
+            self.family, self.dataset, self.builder_arguments().get("architecture"))
 
 
 def _without_defaults(builder, arguments):

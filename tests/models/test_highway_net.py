@@ -82,3 +82,33 @@ def test_bad_input(call, words):
         call()
     for word in words:
         assert word in str(error.value)
+
+
+@pytest.mark.parametrize("width, paper", [(16, 39_000), (32, 151_000)])
+def test_table1_convolutional_mnist_nets_have_the_papers_parameters(width, paper):
+    """Srivastava et al. 2015, Sec. 3.2 / Table 1: 9 convolutional layers of
+    16 or 32 maps and a softmax layer: ~39K and ~151K parameters."""
+    net = ki.models.highway_net(10, architecture="convolutional", width=width)
+    stem = 9 * width + width
+    highway = 2 * (9 * width * width + width)  # H and T, 3x3
+    assert trainable(net) == stem + 8 * highway + (10 * width + 10)
+    assert abs(trainable(net) / paper - 1) <= 0.05
+    convolutions = [l for l in net.layers if l.name.startswith(("stem_conv", "stage"))
+                    and "pool" not in l.name]
+    assert len(convolutions) == 9 and len(ki.layers.highway_layers(net)) == 8
+    assert net.get_layer("stage3_highway2").output.shape == (None, 7, 7, width)
+    np.testing.assert_array_equal(net.get_layer("stage1_highway1").transform_gate.bias, -1.0)
+    assert list(ki.models.feature_extractor(net).output) == ["stage1", "stage2", "stage3"]
+
+
+def test_table1_nets_are_named_and_train_with_their_recipe():
+    from keras_identity.training import TrainConfig
+
+    assert ki.models.get_model("highway10_conv32_mnist").count_params() == 148_618
+    plain = ki.models.get_model("plain10_conv_mnist")
+    assert abs(plain.count_params() / 37_450 - 1) < 0.05  # as many as the width-16 highway net
+    config = TrainConfig(model="highway10_conv16_mnist")
+    assert config.resolved_recipe == "highway_mnist_conv"
+    assert TrainConfig(model="highway_net").resolved_recipe == "highway_mnist"
+    with pytest.raises(ValueError, match="depth=2"):
+        ki.models.highway_net(2, architecture="convolutional")
