@@ -45,8 +45,19 @@ class ImageNormalization(keras.layers.Layer):
         self.set_normalization(Normalization(mode, mean, std))
 
     def set_normalization(self, normalization):
-        """Replaces the mode and statistics (a :class:`Normalization`); call
-        it before the model is traced for training or prediction."""
+        """Replaces the mode and statistics (a :class:`Normalization`), before
+        the layer first runs on data.
+
+        Raises:
+            ValueError: the layer has run already: the model's compiled
+                ``fit``/``predict`` functions keep the statistics they were
+                traced with.
+        """
+        if getattr(self, "_ran", False):
+            raise ValueError(
+                f"layer {self.name!r} (ImageNormalization) has already run with its current "
+                f"statistics, which the model's compiled functions keep; adapt or set them "
+                f"before the model's first fit/predict/call, or build a new model.")
         mode, mean, std = normalization.mode, normalization.mean, normalization.std
         if mode == "scale" and (mean is not None or std is not None):
             raise ValueError("ImageNormalization(mode='scale') takes no mean or std.")
@@ -128,12 +139,15 @@ class ImageNormalization(keras.layers.Layer):
 
     def __call__(self, inputs, *args, **kwargs):
         # Checked here, before Keras wraps errors of call() in its context.
-        if not self.adapted and not isinstance(inputs, keras.KerasTensor):
+        if isinstance(inputs, keras.KerasTensor):
+            return super().__call__(inputs, *args, **kwargs)
+        if not self.adapted:
             raise ValueError(
                 f"layer {self.name!r} (ImageNormalization, mode={self.mode!r}) has no "
                 f"statistics: call model.get_layer({self.name!r}).adapt(train_images) "
                 f"(pixel values in [0, 255]) before training, or build the model with "
                 f"normalization=keras_identity.data.Normalization.from_images(...).")
+        self._ran = True
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs):
@@ -151,18 +165,23 @@ class ImageNormalization(keras.layers.Layer):
 
 
 def find_preprocessing(model):
-    """The :class:`ImageNormalization` that reads ``model``'s input directly,
+    """The :class:`ImageNormalization` that reads ``model``'s input directly
+    (also inside a nested model that does, e.g. a backbone with a new head),
     or ``None`` (a model that takes normalised inputs)."""
-    if not model.inputs:
+    if not getattr(model, "inputs", None):
         return None
     for layer in model.layers:
+        inbound = layer._inbound_nodes
+        if not (inbound and any(t is model.inputs[0] for node in inbound
+                                for t in node.input_tensors)):
+            continue
         if isinstance(layer, ImageNormalization):
-            inbound = layer._inbound_nodes
-            if inbound and any(t is model.inputs[0] for node in inbound
-                               for t in node.input_tensors):
-                return layer
+            return layer
+        if isinstance(layer, keras.Model):
+            found = find_preprocessing(layer)
+            if found is not None:
+                return found
     return None
-
 
 
 def model_inputs(model, images, normalization=None):

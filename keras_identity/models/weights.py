@@ -45,7 +45,10 @@ def _h5_mismatch(model, path):
         own = os.path.join(tmp, "own.weights.h5")
         model.save_weights(own)
         expected = _h5_shapes(own)
-    found = _h5_shapes(path)
+    # The layers' weights only: a file saved from a compiled model, or a
+    # training checkpoint, also holds the optimizer's variables.
+    expected = {k: v for k, v in expected.items() if k.startswith("layers/")}
+    found = {k: v for k, v in _h5_shapes(path).items() if k.startswith("layers/")}
     for key in sorted(set(expected) | set(found)):
         if key not in found:
             return f"the file has no weight {key!r}"
@@ -65,8 +68,10 @@ def load_weights(model, weights):
     (``include_top=False``), every other weight must have its place and
     shape.  If both models include their preprocessing, the target takes
     the source's normalisation statistics too (the features were learned on
-    inputs normalised so).  A ``.weights.h5`` file must come from this very
-    architecture.
+    inputs normalised so).  A ``.weights.h5`` file (also a training
+    checkpoint) must come from this very architecture; it holds no
+    normalisation statistics, so a model with its preprocessing still needs
+    them (``normalization=`` or ``adapt``).
 
     Raises:
         ValueError: one line naming the file and the first weight that does

@@ -23,7 +23,7 @@ STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
 
 # What a TensorFlow without TPU kernels (tensorflow-cpu, or tensorflow-tpu
 # without its libtpu) says when asked to initialise a TPU.
-_NO_TPU_KERNELS = ("ConfigureDistributedTPU", "No OpKernel was registered", "libtpu")
+_NO_TPU_KERNELS = ("ConfigureDistributedTPU", "No OpKernel was registered")
 
 
 class MissingTPUSupport(ValueError):
@@ -174,13 +174,20 @@ def get_strategy(name="auto", tpu_address=""):
     if name == "auto":
         # A TPU VM's local chips first, then the named TPU (Colab, TPU_NAME);
         # a TPU this TensorFlow cannot drive is an error, not a CPU run.
+        errors = []
         for address in _tpu_candidates(tpu_address):
             try:
                 return _tpu_strategy(address)
             except MissingTPUSupport:
                 raise
-            except (ValueError, RuntimeError, tf.errors.OpError):
-                continue
+            except (ValueError, RuntimeError, tf.errors.OpError) as error:
+                errors.append(f"tpu={address!r}: {' '.join(str(error).split())[:120]}")
+        if errors and (tpu_address or _tpu_present()):
+            # A TPU this machine has (or the one named) that cannot be used is
+            # an error, not a run on the CPU.
+            raise ValueError(f"strategy='auto' found a TPU but could not use it "
+                             f"({'; '.join(errors)}); see docs/tpu.md, or pass "
+                             f"--strategy=default to train on the CPU.")
         gpus = tf.config.list_logical_devices("GPU")
         if len(gpus) > 1:
             return tf.distribute.MirroredStrategy()

@@ -103,6 +103,11 @@ class TrainConfig:
                 raise ValueError(f"model_kwargs sets {name!r}, which the trainer sets (the "
                                  f"model always normalises its inputs; choose the mode with "
                                  f"--normalization); remove it from model_kwargs.")
+        if "weights" in self.model_kwargs:
+            raise ValueError("model_kwargs sets 'weights'; the trainer starts from the "
+                             "builder's initialisation with the run's own input statistics "
+                             "(to fine-tune a trained model, see the README's Transfer "
+                             "learning); remove it from model_kwargs.")
         for name, value in (("include_top", True), ("pooling", None)):
             if self.model_kwargs.get(name, value) != value:
                 raise ValueError(f"model_kwargs sets {name}={self.model_kwargs[name]!r}; the "

@@ -49,13 +49,14 @@ def test_install_plan_per_runtime(route, kind, python, expected):
     assert resolved == expected[0]
     for argument in expected[1]:
         assert argument in commands[0]
-    assert commands[-1] == ["--no-deps", "tensorflow-serving-api>=2.18,<2.22"]
+    assert commands[-1][0] == "--no-deps" and commands[-1][1].startswith(
+        "tensorflow-serving-api")
     assert not any("tensorflow-cpu" in a or a.startswith("tensorflow==") for a in commands[0])
 
 
 def test_tensorflow_on_a_tpu_runtime_without_wheels_says_what_to_pick():
     plan = _install_functions()["install_plan"]
-    with pytest.raises(RuntimeError, match=r"Python 3\.9-3\.12; this runtime has Python 3\.13.*"
+    with pytest.raises(RuntimeError, match=r"Python 3\.10-3\.12; this runtime has Python 3\.13.*"
                                            r"Runtime version.*ROUTE = 'jax'"):
         plan("tensorflow", "tpu", (3, 13))
     with pytest.raises(ValueError, match="ROUTE='torch'"):

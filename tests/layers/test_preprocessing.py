@@ -120,3 +120,23 @@ def test_model_inputs_feeds_pixels_or_the_runs_normalisation(images):
                                norm(pixels).numpy())
     with pytest.raises(ValueError, match="takes normalised inputs"):
         model_inputs(plain, pixels)
+
+
+def test_statistics_cannot_change_after_the_layer_has_run(images):
+    inputs = keras.Input((6, 5, 3))
+    layer = ImageNormalization("per_channel", name="preprocessing").adapt(images)
+    model = keras.Model(inputs, layer(inputs))
+    model.predict(images.astype(np.float32), verbose=0)
+    with pytest.raises(ValueError, match="has already run with its current statistics"):
+        layer.adapt(images[:5])
+
+
+def test_preprocessing_is_found_inside_a_nested_backbone(images):
+    inputs = keras.Input((6, 5, 3))
+    backbone = keras.Model(inputs, keras.layers.Flatten()(
+        ImageNormalization("scale", name="preprocessing")(inputs)))
+    outer_inputs = keras.Input((6, 5, 3))
+    model = keras.Model(outer_inputs, keras.layers.Dense(2)(backbone(outer_inputs)))
+    assert find_preprocessing(model).name == "preprocessing"
+    pixels = images.astype(np.float32)
+    assert model_inputs(model, pixels) is pixels

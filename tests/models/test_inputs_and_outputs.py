@@ -156,3 +156,13 @@ def test_weights_bring_the_source_models_normalisation(tmp_path, rng):
     layer = backbone.get_layer("preprocessing")
     assert layer.mode == "per_channel" and layer.adapted
     np.testing.assert_allclose(layer.normalization.std, norm.std)
+
+
+def test_weights_from_a_training_checkpoint_with_optimizer_variables(tmp_path, cifar_pixels):
+    source = ki.models.resnet(8, seed=7)
+    source.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    source.fit(cifar_pixels, np.arange(4) % 10, epochs=1, verbose=0)
+    source.save_weights(tmp_path / "ckpt.weights.h5")  # holds optimizer/vars too
+    same = ki.models.resnet(8, weights=str(tmp_path / "ckpt.weights.h5"))
+    np.testing.assert_allclose(same.predict(cifar_pixels, verbose=0),
+                               source.predict(cifar_pixels, verbose=0), atol=1e-6)

@@ -36,7 +36,8 @@ def test_errors(monkeypatch):
     monkeypatch.setattr(strategies, "_tpu_strategy", no_tpu)
     with pytest.raises(ValueError, match="strategy='tpu' found no TPU"):
         get_strategy("tpu")
-    assert get_strategy("auto", tpu_address="10.0.0.2:8470").num_replicas_in_sync == 1
+    with pytest.raises(ValueError, match="tpu='10.0.0.2:8470': Please provide"):
+        get_strategy("auto", tpu_address="10.0.0.2:8470")
 
 
 def test_tpu_candidates(monkeypatch):
@@ -92,8 +93,14 @@ def test_local_tpu_comes_before_the_named_one(monkeypatch):
         raise ValueError("not reachable")
 
     monkeypatch.setattr(strategies, "_tpu_strategy", fake)
-    assert get_strategy("auto").num_replicas_in_sync == 1  # then GPUs, then the CPU
+    # A TPU this machine has but cannot use is an error, not a CPU run.
+    with pytest.raises(ValueError, match=r"found a TPU but could not use it \(tpu='local': "
+                                         r"not reachable; tpu='': not reachable\)"):
+        get_strategy("auto")
     assert tried == ["local", ""]
+    monkeypatch.setattr(strategies.glob, "glob", lambda pattern: [])
+    monkeypatch.delenv("TPU_NAME")
+    assert get_strategy("auto").num_replicas_in_sync == 1  # no TPU: GPUs, then the CPU
 
 
 def test_a_tpu_address_applies_to_tpu_strategies_only():

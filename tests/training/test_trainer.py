@@ -130,6 +130,7 @@ def test_cifar_recipe_applies_augmentation_and_per_pixel_mean(tmp_path, cifar_li
     (dict(model="preact_resnet", model_kwargs=dict(unit="original")),
      ["--model=resnet --unit=original"]),
     (dict(epochs=3, train_steps=10), ["exclusive"]),
+    (dict(model="resnet", model_kwargs=dict(weights="r.keras")), ["model_kwargs sets 'weights'"]),
     (dict(batch_size=0), ["batch_size=0"]),
     pytest.param(dict(jit_compile=True, deterministic=True), ["exclusive", "XLA"],
                  marks=tensorflow_only),
