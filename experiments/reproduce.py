@@ -72,9 +72,12 @@ def _table1_report(rows, epochs_flag, train_examples):
                      f"{', '.join(f'{a:.2f}' for a in accuracies)} | {best} ({mean}) |")
     epochs = sorted({r["epochs"] for r in rows})
     hours = sum(r["seconds"] for r in rows) / 3600
-    scale = ("the paper's scale: all 60,000 training images, the recipe's 30 epochs"
-             if epochs_flag is None and train_examples is None else
-             f"a shortened run ({epochs_flag or 30} epochs, "
+    from keras_identity.training import get_recipe
+
+    recipe_epochs = get_recipe("highway_mnist_conv").epochs
+    scale = (f"the paper's scale: all 60,000 training images, the recipe's {recipe_epochs} "
+             f"epochs" if epochs_flag is None and train_examples is None else
+             f"a shortened run ({epochs_flag or recipe_epochs} epochs, "
              f"{train_examples or 60_000:,} training images), not the paper's scale")
     return "\n".join([
         "Srivastava et al. (2015), Table 1: 10-layer convolutional highway networks "

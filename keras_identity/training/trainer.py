@@ -295,6 +295,10 @@ def make_normalization(mode, data):
         return normalization_lib.Normalization.imagenet()
     if data.in_memory:
         return normalization_lib.Normalization.from_images(mode, data.x_train)
+    if mode != "scale":
+        raise ValueError(f"normalization={mode!r} needs its statistics from the training "
+                         f"images, which {data.name} streams from files; use 'per_channel' "
+                         f"(ImageNet: its published statistics) or 'scale'.")
     return normalization_lib.Normalization(mode)
 
 
