@@ -64,6 +64,26 @@ def _stage_sizes(layers, stages=3):
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
+def _conv_stages(x, widths, sizes, *, highway, transitions, gate, conv):
+    """Three stages of 3x3 highway (or plain) convolutions, ``sizes[s]`` in
+    stage ``s`` with ``widths[s]`` maps, 2x2 max pooling before stages 2
+    and 3 (followed by a plain convolution to the new width with
+    ``transitions``)."""
+    kind = "highway" if highway else "plain"
+    for stage, (w, n) in enumerate(zip(widths, sizes), start=1):
+        if stage > 1:
+            x = keras.layers.MaxPooling2D(2, name=f"stage{stage}_pool")(x)
+            if transitions:
+                x = keras.layers.Conv2D(w, 3, name=f"stage{stage}_transition", **conv)(x)
+        for index in range(1, n + 1):
+            layer_name = f"stage{stage}_{kind}{index}"
+            if highway:
+                x = HighwayConv2D(kernel_size=3, name=layer_name, **gate)(x)
+            else:
+                x = keras.layers.Conv2D(w, 3, name=layer_name, **conv)(x)
+    return x
+
+
 def _common(depth, dataset, architecture, activation, num_classes, input_shape, minimum):
     _checks.check_choice("dataset", dataset, DATASETS)
     if architecture is None:
@@ -124,15 +144,8 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
         _checks.check_positive_int("width", width)
         conv = dict(padding="same", activation=activation, **dense)
         x = keras.layers.Conv2D(width, 3, name="stem_conv", **conv)(x)
-        for stage, n in enumerate(_stage_sizes(depth - 2), start=1):
-            if stage > 1:
-                x = keras.layers.MaxPooling2D(2, name=f"stage{stage}_pool")(x)
-            for index in range(1, n + 1):
-                layer_name = f"stage{stage}_{kind}{index}"
-                if highway:
-                    x = HighwayConv2D(kernel_size=3, name=layer_name, **gate)(x)
-                else:
-                    x = keras.layers.Conv2D(width, 3, name=layer_name, **conv)(x)
+        x = _conv_stages(x, (width,) * 3, _stage_sizes(depth - 2), highway=highway,
+                         transitions=False, gate=gate, conv=conv)
         if include_top:
             x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
             outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
@@ -151,16 +164,8 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
             _checks.check_positive_int("width", w)
         conv = dict(padding="same", activation=activation, **dense)
         x = keras.layers.Conv2D(width[0], 3, name="stem_conv", **conv)(x)
-        for stage, (w, n) in enumerate(zip(width, _stage_sizes(depth - 4)), start=1):
-            if stage > 1:
-                x = keras.layers.MaxPooling2D(2, name=f"stage{stage}_pool")(x)
-                x = keras.layers.Conv2D(w, 3, name=f"stage{stage}_transition", **conv)(x)
-            for index in range(1, n + 1):
-                layer_name = f"stage{stage}_{kind}{index}"
-                if highway:
-                    x = HighwayConv2D(kernel_size=3, name=layer_name, **gate)(x)
-                else:
-                    x = keras.layers.Conv2D(w, 3, name=layer_name, **conv)(x)
+        x = _conv_stages(x, width, _stage_sizes(depth - 4), highway=highway,
+                         transitions=True, gate=gate, conv=conv)
         if include_top:
             x = keras.layers.Conv2D(num_classes, 1, name="classifier_conv",
                                     kernel_regularizer=kernel_regularizer)(x)

@@ -67,6 +67,21 @@ def _tpu_candidates(tpu_address):
     return candidates
 
 
+def _first_tpu(addresses):
+    """``(TPUStrategy, [])`` for the first of ``addresses`` that initialises,
+    else ``(None, [(address, error), ...])``; a TPU without TensorFlow TPU
+    kernels raises :class:`MissingTPUSupport` at once."""
+    errors = []
+    for address in addresses:
+        try:
+            return _tpu_strategy(address), []
+        except MissingTPUSupport:
+            raise
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            errors.append((address, " ".join(str(error).split())[:120]))
+    return None, errors
+
+
 class KerasDistribution:
     """``keras.distribution.DataParallel`` over ``devices`` (JAX) behind the
     part of the ``tf.distribute.Strategy`` interface the trainer uses.
@@ -174,19 +189,15 @@ def get_strategy(name="auto", tpu_address=""):
     if name == "auto":
         # A TPU VM's local chips first, then the named TPU (Colab, TPU_NAME);
         # a TPU this TensorFlow cannot drive is an error, not a CPU run.
-        errors = []
-        for address in _tpu_candidates(tpu_address):
-            try:
-                return _tpu_strategy(address)
-            except MissingTPUSupport:
-                raise
-            except (ValueError, RuntimeError, tf.errors.OpError) as error:
-                errors.append(f"tpu={address!r}: {' '.join(str(error).split())[:120]}")
+        strategy, errors = _first_tpu(_tpu_candidates(tpu_address))
+        if strategy is not None:
+            return strategy
         if errors and (tpu_address or _tpu_present()):
             # A TPU this machine has (or the one named) that cannot be used is
             # an error, not a run on the CPU.
             raise ValueError(f"strategy='auto' found a TPU but could not use it "
-                             f"({'; '.join(errors)}); see docs/tpu.md, or pass "
+                             f"({'; '.join(f'tpu={a!r}: {e}' for a, e in errors)}); see "
+                             f"docs/tpu.md, or pass "
                              f"--strategy=default to train on the CPU.")
         gpus = tf.config.list_logical_devices("GPU")
         if len(gpus) > 1:
@@ -206,15 +217,10 @@ def get_strategy(name="auto", tpu_address=""):
             raise ValueError("strategy='multi_worker' needs the TF_CONFIG environment "
                              "variable (cluster and task of this worker).")
         return tf.distribute.MultiWorkerMirroredStrategy()
-    errors = []
-    for address in _tpu_candidates(tpu_address) or [""]:
-        try:
-            return _tpu_strategy(address)
-        except MissingTPUSupport:
-            raise
-        except (ValueError, RuntimeError, tf.errors.OpError) as error:
-            errors.append(" ".join(str(error).split())[:120])
-    raise ValueError(f"strategy='tpu' found no TPU ({'; '.join(errors)}); use "
+    strategy, errors = _first_tpu(_tpu_candidates(tpu_address) or [""])
+    if strategy is not None:
+        return strategy
+    raise ValueError(f"strategy='tpu' found no TPU ({'; '.join(e for _, e in errors)}); use "
                      f"--strategy=auto or pass --tpu=<address>.")
 
 
