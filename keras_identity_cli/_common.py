@@ -162,6 +162,12 @@ def gated_shortcuts():
     return layers.GATED_SHORTCUTS
 
 
+def tune_objectives():
+    from keras_identity.tuning import OBJECTIVES
+
+    return OBJECTIVES
+
+
 def tuners():
     from keras_identity.tuning import TUNERS
 

@@ -40,6 +40,8 @@ flags.DEFINE_integer("steps_per_epoch", None, "Iterations per epoch (default: on
 flags.DEFINE_float("learning_rate", None, "Peak learning rate at this batch size.")
 flags.DEFINE_float("momentum", None, "SGD momentum.")
 flags.DEFINE_float("weight_decay", None, "Weight decay (coupled, as the authors' Torch code).")
+flags.DEFINE_float("lr_decay", None, "Learning-rate decay factor per epoch (recipes with an "
+                   "exponential schedule: highway_mnist).")
 flags.DEFINE_integer("warmup_steps", None, "Warm-up iterations.")
 flags.DEFINE_enum("normalization", None, list(_cli.constants().NORMALIZATIONS),
                   "Input normalisation (default: the recipe's).")
@@ -80,7 +82,7 @@ def config_from_flags():
         data_dir=FLAGS.data_dir, recipe=FLAGS.recipe, batch_size=FLAGS.batch_size,
         epochs=FLAGS.epochs, train_steps=FLAGS.train_steps,
         steps_per_epoch=FLAGS.steps_per_epoch, learning_rate=FLAGS.learning_rate,
-        momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay,
+        momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay, lr_decay=FLAGS.lr_decay,
         warmup_steps=FLAGS.warmup_steps, normalization=FLAGS.normalization,
         augmentation=FLAGS.augmentation, strategy=FLAGS.strategy, tpu=FLAGS.tpu,
         precision=FLAGS.precision, jit_compile=FLAGS.jit_compile,

@@ -1,17 +1,24 @@
-r"""Searches the initial gate bias (b_g, b_T) with Keras Tuner, as the papers did.
+r"""Searches hyper-parameters with Keras Tuner, with the papers' protocols.
 
     keras-identity-tune --model=highway_net --depth=50 --dataset=mnist \
         --tuner=grid --epochs=3 --model_dir=runs/tune_highway50
     python -m keras_identity_cli.tune --model=resnet --depth=110 --shortcut=exclusive_gating \
         --dataset=cifar10 --data_dir=../shared/data --epochs=10 --retrain_best
+    keras-identity-tune --model=plain_net --depth=100 --tuner=random --max_trials=20 \
+        --learning_rates=0.001:1 --momentums=0.5:0.99 --lr_decays=0.8:1 \
+        --activations=relu,tanh --objective=train_loss
 
-The space is b in {0, -1, ..., -10} (--gate_biases), optionally with
---learning_rates, --weight_decays, --depths.  Trials train on the training
-set minus a validation split (--validation_split); the test set is only
-used by --retrain_best, which trains the best value on the whole training
-set.  Running the same command again continues the search; finished trials
-are not redone.  Writes results.csv, results.md and
-val_error_vs_gate_bias.png into --model_dir.
+The gate-bias search (He et al. 2016, Sec. 3.1) is the default: b in {0, -1,
+..., -10} (--gate_biases) for a model with a gate bias.  --learning_rates,
+--momentums, --lr_decays, --activations, --weight_decays and --depths add
+dimensions (Srivastava et al. 2015 searched the first four and b_T for Fig.
+1); numeric ones take values or one range low:high (random, bayesian and
+hyperband tuners; learning rates are drawn log-uniformly).  Trials train on
+the training set minus a validation split (--validation_split) and are
+judged by --objective; the test set is only used by --retrain_best, which
+trains the best values on the whole training set.  Running the same command
+again continues the search; finished trials are not redone.  Writes
+results.csv, results.md and a plot into --model_dir.
 """
 
 import os
@@ -24,10 +31,10 @@ _cli.select_backend()  # before keras_identity (and Keras) is imported
 
 FLAGS = flags.FLAGS
 _cli.define_backend_flag()
-flags.DEFINE_string("model", "highway_net", "resnet, preact_resnet (with a gated --shortcut) "
-                    "or highway_net.")
+flags.DEFINE_string("model", "highway_net", "resnet, preact_resnet, highway_net or plain_net "
+                    "(the gate-bias search: highway_net or a ResNet with a gated --shortcut).")
 flags.DEFINE_integer("depth", None, "Depth (default: the model's usual depth).")
-_cli.define_model_flags(shortcuts=_cli.gated_shortcuts())
+_cli.define_model_flags()
 flags.DEFINE_enum("dataset", "mnist", list(_cli.constants().DATASETS), "Dataset.")
 flags.DEFINE_string("data_dir", None, "Offline data or a tensorflow_datasets directory.")
 flags.DEFINE_enum("recipe", None, list(_cli.constants().RECIPE_NAMES),
@@ -38,11 +45,21 @@ flags.DEFINE_integer("max_trials", None, "Trials (default: the size of the space
 flags.DEFINE_integer("epochs", 3, "Epochs per trial (hyperband: the most a trial gets).")
 flags.DEFINE_integer("batch_size", None, "Global batch size.")
 flags.DEFINE_float("validation_split", 0.1, "Fraction of the training set held out.")
-flags.DEFINE_list("gate_biases", [str(b) for b in range(0, -11, -1)],
-                  "Initial gate biases searched.")
-flags.DEFINE_list("learning_rates", None, "Optional learning rates searched.")
-flags.DEFINE_list("weight_decays", None, "Optional weight decays searched.")
-flags.DEFINE_list("depths", None, "Optional depths searched.")
+flags.DEFINE_list("gate_biases", None, "Initial gate biases searched, values or a range "
+                  "low:high (default for a model with a gate bias: 0,-1,...,-10).")
+flags.DEFINE_list("learning_rates", None, "Learning rates searched: values or a range "
+                  "low:high (log-uniform).")
+flags.DEFINE_list("momentums", None, "SGD momentums searched: values or a range low:high.")
+flags.DEFINE_list("lr_decays", None, "Learning-rate decay factors per epoch searched "
+                  "(recipes with an exponential schedule): values or a range low:high.")
+flags.DEFINE_list("activations", None, "Activations searched (highway_net, plain_net): "
+                  "relu, tanh.")
+flags.DEFINE_list("weight_decays", None, "Weight decays searched: values or a range "
+                  "low:high.")
+flags.DEFINE_list("depths", None, "Depths searched.")
+flags.DEFINE_enum("objective", "val_error", list(_cli.tune_objectives()),
+                  "What a trial is judged by (its best epoch): validation error, or the "
+                  "training error or loss (Srivastava et al.'s depth study).")
 flags.DEFINE_bool("retrain_best", False, "Train the best value on the whole training set "
                   "and report its test error.")
 flags.DEFINE_integer("retrain_epochs", None, "Epochs of --retrain_best (default: --epochs).")
@@ -59,11 +76,22 @@ flags.DEFINE_string("model_dir", None, "Tuner directory (default: runs/tune_<mod
 flags.DEFINE_enum("verbose", "1", ["0", "1", "2"], "Keras progress of each trial.")
 
 
-def _floats(name, values):
+def _floats(name, values, log=False, ranges=True):
+    """Comma-separated numbers, or with ``ranges`` one range ``low:high``."""
+    from keras_identity.tuning import parse_range
+
+    if not values:
+        return None
+    if ranges and len(values) == 1 and ":" in values[0]:
+        try:
+            return parse_range(name, values[0], log=log)
+        except ValueError as error:
+            _cli.fail(error, 2)
     try:
-        return tuple(float(v) for v in values) if values else None
+        return tuple(float(v) for v in values)
     except ValueError:
-        _cli.fail(f"{name}={','.join(values)} is not valid; expected comma-separated numbers", 2)
+        _cli.fail(f"{name}={','.join(values)} is not valid; expected comma-separated numbers"
+                  + (" or one range low:high" if ranges else ""), 2)
 
 
 def main(argv):
@@ -87,14 +115,16 @@ def main(argv):
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, strategy=FLAGS.strategy,
         tpu=FLAGS.tpu, precision=FLAGS.precision, seed=FLAGS.seed,
         train_examples=FLAGS.train_examples, verbose=int(FLAGS.verbose))
-    depths = _floats("depths", FLAGS.depths)
     search = SearchConfig(
         train=train, tuner=FLAGS.tuner, max_trials=FLAGS.max_trials,
         validation_split=FLAGS.validation_split,
         gate_biases=_floats("gate_biases", FLAGS.gate_biases),
-        learning_rates=_floats("learning_rates", FLAGS.learning_rates),
+        learning_rates=_floats("learning_rates", FLAGS.learning_rates, log=True),
+        momentums=_floats("momentums", FLAGS.momentums),
+        lr_decays=_floats("lr_decays", FLAGS.lr_decays),
+        activations=tuple(FLAGS.activations) if FLAGS.activations else None,
         weight_decays=_floats("weight_decays", FLAGS.weight_decays),
-        depths=depths,
+        depths=_floats("depths", FLAGS.depths, ranges=False), objective=FLAGS.objective,
         retrain_best=FLAGS.retrain_best, retrain_epochs=FLAGS.retrain_epochs)
     try:
         search.validate()

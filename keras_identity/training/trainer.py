@@ -63,6 +63,9 @@ class TrainConfig:
     learning_rate: float = None
     momentum: float = None
     weight_decay: float = None
+    # Exponential decay factor of the learning rate per epoch (recipes with the
+    # "exponential" schedule only, e.g. highway_mnist).
+    lr_decay: float = None
     warmup_steps: int = None
     normalization: str = None
     augmentation: str = None
@@ -138,6 +141,8 @@ class TrainConfig:
             _checks.check_range("momentum", self.momentum, 0.0, 1.0, high_inclusive=False)
         if self.weight_decay is not None:
             _checks.check_range("weight_decay", self.weight_decay, 0.0)
+        if self.lr_decay is not None:
+            _checks.check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_inclusive=False)
         _checks.check_positive_int("seed", self.seed, minimum=0)
         _checks.check_choice("eval_crop", self.eval_crop, (224, 320))
         if self.jit_compile and self.deterministic and keras.backend.backend() == "tensorflow":
@@ -147,6 +152,11 @@ class TrainConfig:
             raise ValueError("epochs and train_steps are exclusive; give one of them.")
         # The builder's own checks, without building.
         registry.check_model_kwargs(self.model, self.depth, self.dataset, **self.model_kwargs)
+        if self.lr_decay is not None:
+            recipe = self.resolved_recipe
+            if recipes_lib.get_recipe(recipe).schedule != "exponential":
+                raise ValueError(f"lr_decay applies to recipes with an exponential schedule "
+                                 f"(highway_mnist); recipe {recipe!r} decays in steps.")
 
     @property
     def family(self):
@@ -167,6 +177,13 @@ class TrainConfig:
     def resolved_recipe(self):
         return self.recipe or recipes_lib.default_recipe(
             self.family, self.dataset, self.builder_arguments().get("architecture"))
+
+    def get_recipe(self):
+        """The recipe this configuration trains with (``lr_decay`` applied)."""
+        recipe = recipes_lib.get_recipe(self.resolved_recipe)
+        if self.lr_decay is not None:
+            recipe = dataclasses.replace(recipe, exponential_decay=self.lr_decay)
+        return recipe
 
 
 def _without_defaults(builder, arguments):
@@ -348,7 +365,9 @@ def run_identity(config, data, recipe, schedule, normalization, augmentation):
         "weight_decay": decay, "warmup_steps": config.warmup_steps,
         "steps_per_epoch": schedule.steps_per_epoch, "normalization": normalization.mode,
         "augmentation": augmentation, "precision": config.precision, "seed": config.seed,
-        "deterministic": config.deterministic, "eval_crop": config.eval_crop}
+        "deterministic": config.deterministic, "eval_crop": config.eval_crop,
+        # Only when given, so that runs from before the flag resume.
+        **({"lr_decay": config.lr_decay} if config.lr_decay is not None else {})}
 
 
 def differences(before, now):
@@ -454,7 +473,7 @@ def prepare(config, strategy=None):
         work_dir = config.model_dir if chief else os.path.join(
             config.model_dir, f".worker{strategy.cluster_resolver.task_id}")
         data = load_data(config)
-        recipe = recipes_lib.get_recipe(config.resolved_recipe)
+        recipe = config.get_recipe()
         schedule = recipes_lib.resolve(
             recipe, num_train=data.num_train, batch_size=config.batch_size,
             depth=config.resolved_depth, learning_rate=config.learning_rate,

@@ -1,7 +1,13 @@
-"""Keras Tuner search of the initial gate bias, with the paper's protocol."""
+"""Keras Tuner searches with the papers' protocols: the gate bias (He et al.
+2016, Sec. 3.1) and the random search of the highway depth study (Srivastava
+et al. 2015, Sec. 3.1)."""
 
 from keras_identity.tuning.hypermodel import DEFAULT_GATE_BIASES
 from keras_identity.tuning.hypermodel import GateBiasHyperModel
+from keras_identity.tuning.hypermodel import Range
+from keras_identity.tuning.hypermodel import TrainingHyperModel
+from keras_identity.tuning.hypermodel import parse_range
+from keras_identity.tuning.search import OBJECTIVES
 from keras_identity.tuning.search import TUNERS
 from keras_identity.tuning.search import SearchConfig
 from keras_identity.tuning.search import run_search

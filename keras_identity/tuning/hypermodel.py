@@ -1,96 +1,219 @@
-"""The gate-bias hyper-model.
+"""The search space of a tuning run and the hyper-model that builds its trials.
 
 He et al. (2016), Sec. 3.1: "we conduct hyper-parameter search on the initial
 value of b_g in the range of 0 to -10 with a decrement step of -1 on the
-training set by cross-validation"; Srivastava et al. (2015) treat the
-transform-gate bias as a hyper-parameter (searched between -1 and -10 in
-their MNIST study).
+training set by cross-validation".  Srivastava et al. (2015), Sec. 3.1 (the
+MNIST depth study, Fig. 1): "a random search of 100 runs for both plain and
+highway networks ... initial learning rate, momentum, learning rate
+exponential decay factor & activation function (either rectified linear or
+tanh). For highway networks, an additional hyperparameter was the initial
+value for the transform gate bias (between -1 and -10)."
+
+Each dimension is a list of values (``hp.Choice``) or a :class:`Range`
+(``hp.Float``, for the random, Bayesian and Hyperband tuners).
 """
 
 import dataclasses
+import math
 
 import keras_tuner
 
+from keras_identity import _checks
 from keras_identity.layers.residual import GATED_SHORTCUTS
 from keras_identity.models import registry
 from keras_identity.training import trainer
 
 DEFAULT_GATE_BIASES = tuple(float(b) for b in range(0, -11, -1))  # 0, -1, ..., -10
 
+# Search dimension -> where its value goes: the builder (model_kwargs) or the
+# TrainConfig field of the same name.
+DIMENSIONS = ("gate_bias_init", "learning_rate", "momentum", "lr_decay", "activation",
+              "weight_decay", "depth")
+BUILDER_DIMENSIONS = ("gate_bias_init", "activation")
+# Plural names of the SearchConfig fields / command-line flags.
+FLAG_NAMES = {"gate_bias_init": "gate_biases", "learning_rate": "learning_rates",
+              "momentum": "momentums", "lr_decay": "lr_decays", "activation": "activations",
+              "weight_decay": "weight_decays", "depth": "depths"}
+# What each numeric dimension allows.
+_LIMITS = {
+    "gate_bias_init": dict(),
+    "learning_rate": dict(low=0.0, low_inclusive=False),
+    "momentum": dict(low=0.0, high=1.0, high_inclusive=False),
+    "lr_decay": dict(low=0.0, high=1.0, low_inclusive=False),
+    "weight_decay": dict(low=0.0),
+}
 
-def check_tunable(config):
-    """Raises ``ConfigError`` unless ``config``'s model has a gate bias to tune."""
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A continuous dimension ``[low, high]``, sampled uniformly or, with
+    ``log``, log-uniformly (``hp.Float``)."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    def describe(self):
+        return {"low": self.low, "high": self.high, "log": self.log}
+
+    def __str__(self):
+        return f"{self.low:g}:{self.high:g}" + (" (log)" if self.log else "")
+
+
+def parse_range(name, text, log=False):
+    """``"low:high"`` -> :class:`Range` (either order); one line naming
+    ``name`` otherwise."""
+    parts = text.split(":")
+    try:
+        low, high = sorted(float(p) for p in parts)
+        if len(parts) != 2 or not (math.isfinite(low) and math.isfinite(high)) or low == high:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not valid; expected comma-separated values or "
+                         f"one range low:high.") from None
+    if log and low <= 0:
+        raise ValueError(f"{name}={text!r} is not valid; a log-uniform range needs low > 0.")
+    return Range(low, high, log)
+
+
+def has_gate_bias(config):
+    """Whether ``config``'s model has an initial gate bias (b_T of highway
+    layers, b_g of gated ResNet shortcuts)."""
     family = config.family
     if family in ("resnet", "preact_resnet"):
-        shortcut = config.model_kwargs.get("shortcut")
-        if shortcut not in GATED_SHORTCUTS:
+        return config.model_kwargs.get("shortcut") in GATED_SHORTCUTS
+    return family == "highway_net"
+
+
+def _model_words(config):
+    shortcut = config.model_kwargs.get("shortcut")
+    return (f"model={config.model!r}" + (f" with shortcut={shortcut!r}" if shortcut else ""))
+
+
+def check_tunable(config, space=None):
+    """Raises ``ConfigError`` unless ``space`` (dimension -> values or
+    :class:`Range`; default: the gate bias alone) applies to ``config``'s
+    model."""
+    try:
+        _check_space(config, space)
+    except trainer.ConfigError:
+        raise
+    except ValueError as error:
+        raise trainer.ConfigError(str(error)) from None
+
+
+def _check_space(config, space):
+    space = {"gate_bias_init": DEFAULT_GATE_BIASES} if space is None else space
+    if not space:
+        what = ("" if has_gate_bias(config) else
+                f"{_model_words(config)} has no gate bias to search; ")
+        raise trainer.ConfigError(f"the search space is empty: {what}give at least one of "
+                                  f"gate_biases, learning_rates, momentums, lr_decays, "
+                                  f"activations, weight_decays, depths.")
+    for name in space:
+        if name == "depth":   # the configuration's depth is the default one
+            continue
+        given = (name in config.model_kwargs or (
+            name == "gate_bias_init" and "transform_bias_init" in config.model_kwargs)
+            if name in BUILDER_DIMENSIONS else getattr(config, name) is not None)
+        if given:
+            raise trainer.ConfigError(f"{name} is both fixed and searched ({FLAG_NAMES[name]}); "
+                                      f"give one of them.")
+    if "gate_bias_init" in space and not has_gate_bias(config):
+        if config.family in ("resnet", "preact_resnet"):
+            shortcut = config.model_kwargs.get("shortcut")
             raise trainer.ConfigError(
                 f"shortcut={shortcut!r} has no gate bias to tune; expected one of "
                 f"{', '.join(repr(s) for s in GATED_SHORTCUTS)}.")
-    elif family != "highway_net":
         raise trainer.ConfigError(
-            f"model={config.model!r} has no gate bias to tune; expected a ResNet with a gated "
-            f"shortcut or highway_net.")
+            f"gate_biases applies to models with a gate bias (highway_net, a ResNet with a "
+            f"gated shortcut); model={config.model!r} has no gate bias.")
+    if "activation" in space:
+        builder = registry.builder_of(config.model)
+        if "activation" not in builder.parameters:
+            raise trainer.ConfigError(
+                f"activations applies to highway_net and plain_net; {builder.name} has a "
+                f"fixed activation.")
+        for value in space["activation"]:
+            _checks.check_choice("activations", value, ("relu", "tanh"))
+    for name, limits in _LIMITS.items():
+        values = space.get(name)
+        if isinstance(values, Range):
+            for value in (values.low, values.high):
+                _checks.check_range(FLAG_NAMES[name], value, **limits)
+        else:
+            for value in values or ():
+                _checks.check_range(FLAG_NAMES[name], value, **limits)
+    for value in space.get("depth") or ():
+        _checks.check_positive_int("depths", value)
+    if isinstance(space.get("depth"), Range) or isinstance(space.get("activation"), Range):
+        raise trainer.ConfigError("depths and activations take lists of values, not ranges.")
 
 
-class GateBiasHyperModel(keras_tuner.HyperModel):
-    """Builds ``config``'s model with the initial gate bias drawn from the space.
-
-    The space holds ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of
-    highway layers) with the values ``gate_biases`` (default: exactly the
-    paper's 0, -1, ..., -10), and optionally ``learning_rate``,
-    ``weight_decay`` and ``depth`` choices.
+class TrainingHyperModel(keras_tuner.HyperModel):
+    """Builds ``config``'s model and optimizer with the values a trial draws.
 
     Args:
         config: a :class:`TrainConfig` naming the model, dataset and recipe.
         data: the :class:`ImageDataset` the models are built for.
         recipe, schedule: the resolved training recipe of a trial.
-        gate_biases: values of b_g / b_T.
-        learning_rates, weight_decays, depths: optional extra choices.
+        space: dimension -> tuple of values or :class:`Range`; dimensions are
+            ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of highway
+            layers), ``learning_rate``, ``momentum``, ``lr_decay``
+            (exponential-schedule recipes), ``activation`` (highway and plain
+            nets), ``weight_decay`` and ``depth``.  Default: the gate bias
+            over the paper's 0, -1, ..., -10.
+        normalization: the training set's ``Normalization``; each trial's
+            model includes it and takes pixel values.
     """
 
-    def __init__(self, config, data, recipe, schedule, gate_biases=DEFAULT_GATE_BIASES,
-                 learning_rates=None, weight_decays=None, depths=None, normalization=None,
+    def __init__(self, config, data, recipe, schedule, space=None, normalization=None,
                  **kwargs):
         super().__init__(**kwargs)
-        check_tunable(config)
-        if not gate_biases:
-            raise ValueError("gate_biases is empty; expected at least one value.")
+        space = {"gate_bias_init": DEFAULT_GATE_BIASES} if space is None else dict(space)
+        unknown = sorted(set(space) - set(DIMENSIONS))
+        if unknown:
+            raise ValueError(f"unknown search dimensions {unknown}; expected some of "
+                             f"{', '.join(DIMENSIONS)}.")
+        check_tunable(config, space)
         self.config = config
         self.data = data
         self.recipe = recipe
         self.schedule = schedule
-        # The training set's Normalization: each trial's model includes it
-        # and takes pixel values (None: the model takes normalised inputs).
         self.normalization = normalization
-        self.gate_biases = [float(b) for b in gate_biases]
-        self.learning_rates = [float(v) for v in learning_rates or []]
-        self.weight_decays = [float(v) for v in weight_decays or []]
-        self.depths = [int(v) for v in depths or []]
-        for depth in self.depths:
+        self.space = {}
+        for name in DIMENSIONS:
+            values = space.get(name)
+            if values is None or isinstance(values, Range):
+                if values is not None:
+                    self.space[name] = values
+                continue
+            if not values:
+                continue
+            convert = {"depth": int, "activation": str}.get(name, float)
+            self.space[name] = tuple(convert(v) for v in values)
+        for depth in self.space.get("depth", ()):
             dataclasses.replace(config, depth=depth).validate()
+        if "lr_decay" in self.space:
+            dataclasses.replace(config, lr_decay=0.9).validate()
 
     def declare(self, hp):
         """Declares the space on ``hp``; returns the chosen values."""
-        values = {"gate_bias_init": hp.Choice("gate_bias_init", self.gate_biases,
-                                               ordered=True)}
-        if self.learning_rates:
-            values["learning_rate"] = hp.Choice("learning_rate", self.learning_rates)
-        if self.weight_decays:
-            values["weight_decay"] = hp.Choice("weight_decay", self.weight_decays)
-        if self.depths:
-            values["depth"] = hp.Choice("depth", self.depths)
+        values = {}
+        for name, dimension in self.space.items():
+            if isinstance(dimension, Range):
+                values[name] = hp.Float(name, dimension.low, dimension.high,
+                                        sampling="log" if dimension.log else "linear")
+            else:
+                values[name] = hp.Choice(name, list(dimension),
+                                         ordered=name != "activation")
         return values
 
     def trial_config(self, hp):
         """The :class:`TrainConfig` of the trial ``hp`` describes (the gate
         bias goes to the builder as b_g or b_T, see
         ``keras_identity.models.registry.kwargs_from_flags``)."""
-        values = self.declare(hp)
-        model_kwargs = dict(self.config.model_kwargs)
-        model_kwargs.update(registry.kwargs_from_flags(
-            self.config.model, gate_bias_init=values.pop("gate_bias_init")))
-        return dataclasses.replace(self.config, model_kwargs=model_kwargs, **values)
+        return apply_values(self.config, self.declare(hp))
 
     def build(self, hp):
         config = self.trial_config(hp)
@@ -99,6 +222,24 @@ class GateBiasHyperModel(keras_tuner.HyperModel):
             schedule = dataclasses.replace(schedule, learning_rate=config.learning_rate)
         model = trainer.build_model(config, self.data, seed=config.seed,
                                     normalization=self.normalization)
-        return trainer.compile_model(model, trainer.make_optimizer(self.recipe, schedule,
-                                                                   config),
+        return trainer.compile_model(model, trainer.make_optimizer(config.get_recipe(),
+                                                                   schedule, config),
                                      config.jit_compile)
+
+
+# The hyper-model of the gate-bias search (its first use; kept as an alias).
+GateBiasHyperModel = TrainingHyperModel
+
+
+def apply_values(config, values):
+    """``config`` with a trial's values: the gate bias and the activation go
+    to the builder, the others to the ``TrainConfig`` fields of their name."""
+    values = dict(values)
+    builder_values = {k: values.pop(k) for k in BUILDER_DIMENSIONS if k in values}
+    model_kwargs = dict(config.model_kwargs)
+    if "gate_bias_init" in builder_values:
+        model_kwargs.update(registry.kwargs_from_flags(
+            config.model, gate_bias_init=builder_values["gate_bias_init"]))
+    if "activation" in builder_values:
+        model_kwargs["activation"] = builder_values["activation"]
+    return dataclasses.replace(config, model_kwargs=model_kwargs, **values)

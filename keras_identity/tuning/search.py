@@ -1,6 +1,8 @@
-"""The paper's protocol for the gate bias: search on a validation split of the
-training set, then train the best value on the whole training set and report
-its test error."""
+"""The papers' search protocols: the gate bias of He et al. (2016), Sec. 3.1
+(a grid on a validation split of the training set, then the best value trained
+on the whole training set and its test error reported), and the random search
+of Srivastava et al. (2015), Sec. 3.1 (learning rate, momentum, exponential
+decay, activation and transform-gate bias, judged by the training error)."""
 
 import csv
 import dataclasses
@@ -19,11 +21,24 @@ from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import strategies
 from keras_identity.training import trainer
 from keras_identity.tuning.hypermodel import DEFAULT_GATE_BIASES
-from keras_identity.tuning.hypermodel import GateBiasHyperModel
+from keras_identity.tuning.hypermodel import DIMENSIONS
+from keras_identity.tuning.hypermodel import FLAG_NAMES
+from keras_identity.tuning.hypermodel import Range
+from keras_identity.tuning.hypermodel import TrainingHyperModel
+from keras_identity.tuning.hypermodel import apply_values
 from keras_identity.tuning.hypermodel import check_tunable
+from keras_identity.tuning.hypermodel import has_gate_bias
 
 TUNERS = ("grid", "random", "bayesian", "hyperband")
-OBJECTIVE = keras_tuner.Objective("val_accuracy", direction="max")
+# What a trial is judged by: the best epoch's value of a Keras metric.
+# val_error: He et al.'s cross-validation; train_error / train_loss:
+# Srivastava et al.'s "best training set error" (Fig. 1 plots the loss).
+OBJECTIVES = {
+    "val_error": keras_tuner.Objective("val_accuracy", direction="max"),
+    "train_error": keras_tuner.Objective("accuracy", direction="max"),
+    "train_loss": keras_tuner.Objective("cross_entropy", direction="min"),
+}
+OBJECTIVE = OBJECTIVES["val_error"]
 
 
 RECORDS = "records_per_trial.json"
@@ -98,31 +113,71 @@ _TUNER_CLASSES = {
 
 @dataclasses.dataclass
 class SearchConfig:
-    """A gate-bias search (the ``keras-identity-tune`` flags).
+    """A hyper-parameter search (the ``keras-identity-tune`` flags).
 
     ``train`` holds the model, dataset, recipe and trial length (its
     ``epochs``) and ``model_dir``, where the tuner keeps its state: running
     the same search again continues it.
+
+    The space: each of ``gate_biases``, ``learning_rates``, ``momentums``,
+    ``lr_decays``, ``activations``, ``weight_decays`` and ``depths`` is a
+    tuple of values or a :class:`Range` (random, Bayesian, Hyperband).
+    ``gate_biases=None`` means the paper's 0, -1, ..., -10 for a model with a
+    gate bias and no gate-bias dimension otherwise.  ``objective`` is
+    ``"val_error"`` (the best epoch's validation error), ``"train_error"``
+    or ``"train_loss"`` (the best epoch's training error or cross-entropy).
     """
 
     train: trainer.TrainConfig
     tuner: str = "grid"
     max_trials: int = None
     validation_split: float = 0.1
-    gate_biases: tuple = DEFAULT_GATE_BIASES
+    gate_biases: tuple = None
     learning_rates: tuple = None
     weight_decays: tuple = None
     depths: tuple = None
     retrain_best: bool = False
     retrain_epochs: int = None
+    momentums: tuple = None
+    lr_decays: tuple = None
+    activations: tuple = None
+    objective: str = "val_error"
+
+    @property
+    def space(self):
+        """Dimension -> tuple of values or :class:`Range` (dimensions not
+        searched left out)."""
+        space = {}
+        for name in DIMENSIONS:
+            values = getattr(self, FLAG_NAMES[name])
+            if name == "gate_bias_init" and values is None and has_gate_bias(self.train):
+                values = DEFAULT_GATE_BIASES
+            if values is None:
+                continue
+            if not isinstance(values, Range):
+                values = tuple(values)
+                if name == "depth":
+                    values = tuple(int(v) if isinstance(v, float) and v.is_integer() else v
+                                   for v in values)
+            space[name] = values
+        return space
 
     def validate(self):
         try:
             self.train.validate()
-            check_tunable(self.train)
+            for name in DIMENSIONS:
+                values = getattr(self, FLAG_NAMES[name])
+                if values is not None and not isinstance(values, Range) and not len(values):
+                    raise ValueError(f"{FLAG_NAMES[name]} is empty; expected at least one "
+                                     f"value.")
+            space = self.space
+            check_tunable(self.train, space)
             if self.tuner not in TUNERS:
                 raise ValueError(f"tuner={self.tuner!r} is not valid; expected one of: "
                                  f"{', '.join(repr(t) for t in TUNERS)}.")
+            if self.objective not in OBJECTIVES:
+                raise ValueError(f"objective={self.objective!r} is not valid; expected one of: "
+                                 f"{', '.join(repr(o) for o in OBJECTIVES)}.")
             if self.train.strategy == "multi_worker":
                 raise ValueError("strategy='multi_worker' is not supported for a search; "
                                  "use 'auto', 'mirrored' or 'tpu' (Keras Tuner distributes "
@@ -130,21 +185,17 @@ class SearchConfig:
             if self.max_trials is not None and self.max_trials < 1:
                 raise ValueError(f"max_trials={self.max_trials!r} is not valid; expected an "
                                  f"integer >= 1.")
+            ranges = [FLAG_NAMES[n] for n, v in space.items() if isinstance(v, Range)]
+            if ranges and self.tuner == "grid":
+                raise ValueError(f"{', '.join(ranges)}: a range low:high needs "
+                                 f"tuner='random', 'bayesian' or 'hyperband'; the grid takes "
+                                 f"lists of values.")
+            if ranges and self.tuner in ("random", "bayesian") and self.max_trials is None:
+                raise ValueError(f"{', '.join(ranges)}: a range has no end of values; give "
+                                 f"max_trials.")
             if not 0.0 < self.validation_split < 1.0:
                 raise ValueError(f"validation_split={self.validation_split!r} is not valid; "
                                  f"expected a number in (0, 1).")
-            if not self.gate_biases:
-                raise ValueError("gate_biases is empty; expected at least one value.")
-            for value in self.gate_biases:
-                _checks.check_range("gate_biases", value)
-            for value in self.learning_rates or ():
-                _checks.check_range("learning_rates", value, 0.0, low_inclusive=False)
-            for value in self.weight_decays or ():
-                _checks.check_range("weight_decays", value, 0.0)
-            for value in self.depths or ():
-                if isinstance(value, float) and value.is_integer():
-                    value = int(value)
-                _checks.check_positive_int("depths", value)
             if self.train.epochs is None:
                 raise ValueError("a search needs epochs (per trial).")
         except trainer.ConfigError:
@@ -155,21 +206,29 @@ class SearchConfig:
 
     @property
     def space_size(self):
-        size = len(self.gate_biases)
-        for extra in (self.learning_rates, self.weight_decays, self.depths):
-            size *= len(extra) if extra else 1
+        """Configurations in the space (``None`` with a range)."""
+        size = 1
+        for values in self.space.values():
+            if isinstance(values, Range):
+                return None
+            size *= len(values)
         return size
+
+    def describe_space(self):
+        return ", ".join(f"{name} {list(v) if not isinstance(v, Range) else v}"
+                         for name, v in self.space.items())
 
 
 def _make_tuner(search, hypermodel, strategy, directory):
-    common = dict(objective=OBJECTIVE, directory=directory, project_name="search",
+    objective = OBJECTIVES[search.objective]
+    common = dict(objective=objective, directory=directory, project_name="search",
                   overwrite=False, seed=search.train.seed,
                   # keras.distribution (JAX) is entered around the search instead.
                   distribution_strategy=None if isinstance(
                       strategy, strategies.KerasDistribution) else strategy)
     cls = _TUNER_CLASSES[search.tuner]
     if search.tuner == "grid":
-        oracle = GridOracle(objective=OBJECTIVE, max_trials=search.max_trials or
+        oracle = GridOracle(objective=objective, max_trials=search.max_trials or
                             search.space_size, seed=search.train.seed)
         common.pop("objective")
         common.pop("seed")
@@ -180,7 +239,7 @@ def _make_tuner(search, hypermodel, strategy, directory):
     return cls(hypermodel, max_trials=max_trials, **common)
 
 
-def _trial_rows(tuner):
+def _trial_rows(tuner, objective="val_error"):
     path = os.path.join(tuner.project_dir, RECORDS)
     records = json.load(open(path)) if os.path.exists(path) else {}
     rows = []
@@ -190,13 +249,16 @@ def _trial_rows(tuner):
         values = trial.hyperparameters.values
         record = records.get(trial.trial_id, {})
         nan = float("nan")
-        row = {"trial": trial.trial_id, "gate_bias_init": values["gate_bias_init"]}
-        for name in ("learning_rate", "weight_decay", "depth"):
-            if name in values:
-                row[name] = values[name]
+        row = {"trial": trial.trial_id}
+        row.update({name: values[name] for name in DIMENSIONS if name in values})
         loss = record.get("loss", nan)
+        row["val_error"] = 1.0 - trial.metrics.get_best_value("val_accuracy")
+        if objective != "val_error":
+            row["train_error"] = (1.0 - trial.metrics.get_best_value("accuracy")
+                                  if trial.metrics.exists("accuracy") else nan)
+            row["best_train_loss"] = (trial.metrics.get_best_value("cross_entropy")
+                                      if trial.metrics.exists("cross_entropy") else nan)
         row.update({
-            "val_error": 1.0 - trial.metrics.get_best_value("val_accuracy"),
             "val_loss": record.get("val_loss", nan),
             "train_loss": loss,
             "epochs": record.get("epochs", 0),
@@ -204,29 +266,43 @@ def _trial_rows(tuner):
             "note": "diverged (NaN loss)" if loss != loss else "",
         })
         rows.append(row)
-    rows.sort(key=lambda r: (-r["gate_bias_init"], r["trial"]))
+    if rows and "gate_bias_init" in rows[0] and objective == "val_error":
+        rows.sort(key=lambda r: (-r["gate_bias_init"], r["trial"]))
+    else:
+        rows.sort(key=lambda r: (bool(r["note"]), _score(r, objective), r["trial"]))
     return rows
 
 
-def write_results(rows, directory, title=""):
-    """results.csv, results.md and val_error_vs_gate_bias.png in ``directory``."""
+def _score(row, objective):
+    """The row's objective, lower is better (NaN last)."""
+    value = row[{"val_error": "val_error", "train_error": "train_error",
+                 "train_loss": "best_train_loss"}[objective]]
+    return value if value == value else float("inf")
+
+
+def write_results(rows, directory, title="", objective="val_error"):
+    """results.csv, results.md and a plot (:func:`plot_name`, e.g.
+    val_error_vs_gate_bias.png) in ``directory``."""
     columns = list(rows[0])
     with open(os.path.join(directory, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
     header = {"gate_bias_init": "b_g", "val_error": "val. error (%)",
+              "train_error": "best train error (%)", "best_train_loss": "best train loss",
               "val_loss": "val. loss (last epoch)", "train_loss": "train loss (last epoch)",
-              "seconds": "time (s)"}
+              "lr_decay": "lr decay", "seconds": "time (s)"}
     shown = [c for c in columns if c != "trial"]
 
     def cell(name, value):
-        if name == "val_error":
+        if name in ("val_error", "train_error"):
             return f"{100 * value:.2f}"
         if isinstance(value, float):
-            return f"{value:g}" if name in ("gate_bias_init", "learning_rate",
-                                           "weight_decay") else f"{value:.4f}" \
-                if name.endswith("loss") else f"{value:.0f}"
+            if name in ("gate_bias_init", "weight_decay"):
+                return f"{value:g}"
+            if name in ("learning_rate", "momentum", "lr_decay"):
+                return f"{value:.4g}"
+            return f"{value:.4f}" if name.endswith("loss") else f"{value:.0f}"
         return str(value)
 
     lines = ["| " + " | ".join(header.get(c, c) for c in shown) + " |",
@@ -235,30 +311,65 @@ def write_results(rows, directory, title=""):
     table = "\n".join(lines)
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write((f"{title}\n\n" if title else "") + table + "\n")
-    _plot(rows, os.path.join(directory, "val_error_vs_gate_bias.png"), title)
+    _plot(rows, os.path.join(directory, plot_name(rows, objective)), title, objective)
     return table
 
 
-def _plot(rows, path, title):
+_AXIS = {"gate_bias_init": "initial gate bias b_g", "learning_rate": "learning rate",
+         "val_error": "validation error (%)", "train_error": "best training error (%)",
+         "train_loss": "best training loss (cross-entropy)"}
+
+
+def plot_name(rows, objective="val_error"):
+    """The file name of the search's plot: the objective against the gate
+    bias (else the learning rate, else the first searched dimension)."""
+    x = _plot_axis(rows)
+    return f"{objective}_vs_{'gate_bias' if x == 'gate_bias_init' else x}.png"
+
+
+def _plot_axis(rows):
+    searched = [n for n in DIMENSIONS if n in rows[0] and n != "activation"]
+    for name in ("gate_bias_init", "learning_rate"):
+        if name in searched:
+            return name
+    return searched[0] if searched else "activation"
+
+
+def _plot(rows, path, title, objective="val_error"):
     from keras_identity.training.plots import _pyplot
 
     plt = _pyplot()
+    x_name = _plot_axis(rows)
+    scale = 1.0 if objective == "train_loss" else 100.0
+
+    def y(r):
+        return scale * _score(r, objective) if r["note"] == "" else scale * r["val_error"]
+
     fig, ax = plt.subplots(figsize=(6.5, 4))
     trained = [r for r in rows if not r["note"]]
     diverged = [r for r in rows if r["note"]]
-    best = {}
-    for r in trained:
-        best[r["gate_bias_init"]] = min(100 * r["val_error"],
-                                        best.get(r["gate_bias_init"], float("inf")))
-    xs = sorted(best, reverse=True)
-    ax.plot(xs, [best[x] for x in xs], "o-", color="tab:blue", label="trained")
+    searched = [n for n in DIMENSIONS if n in rows[0]]
+    if searched == ["gate_bias_init"] and objective == "val_error":
+        best = {}   # the gate bias alone: the best trial per value, joined
+        for r in trained:
+            best[r[x_name]] = min(y(r), best.get(r[x_name], float("inf")))
+        xs = sorted(best, reverse=True)
+        ax.plot(xs, [best[x] for x in xs], "o-", color="tab:blue", label="trained")
+    else:
+        groups = sorted({r.get("activation", "") for r in trained})
+        for group in groups:
+            members = [r for r in trained if r.get("activation", "") == group]
+            ax.plot([r[x_name] for r in members], [y(r) for r in members], "o",
+                    label=f"trained ({group})" if group else "trained")
+        if x_name == "learning_rate":
+            ax.set_xscale("log")
     if diverged:
-        ax.plot([r["gate_bias_init"] for r in diverged],
-                [100 * r["val_error"] for r in diverged], "x", color="tab:red",
-                markersize=9, label="diverged (NaN loss)")
-    ax.set_xlabel("initial gate bias b_g")
-    ax.set_ylabel("validation error (%)")
-    ax.invert_xaxis()
+        ax.plot([r[x_name] for r in diverged], [scale * r["val_error"] for r in diverged],
+                "x", color="tab:red", markersize=9, label="diverged (NaN loss)")
+    ax.set_xlabel(_AXIS.get(x_name, x_name))
+    ax.set_ylabel(_AXIS[objective])
+    if x_name == "gate_bias_init":
+        ax.invert_xaxis()
     ax.grid(alpha=0.3)
     ax.legend()
     if title:
@@ -266,6 +377,12 @@ def _plot(rows, path, title):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _describe(values):
+    return ", ".join(f"{'gate bias' if k == 'gate_bias_init' else k} "
+                     f"{v:g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in values.items())
 
 
 SEARCH_FILE = "search.json"
@@ -276,12 +393,21 @@ def search_identity(search, data, recipe):
     validation split, model, data and recipe (``max_trials`` may grow: more
     trials of the same search)."""
     config = search.train
-    return {
+    space = search.space
+
+    def dimension(name):
+        values = space.get(name)
+        if isinstance(values, Range):
+            return values.describe()
+        convert = {"depth": int, "activation": str}.get(name, float)
+        return [convert(v) for v in values or ()]
+
+    identity = {
         "tuner": search.tuner,
-        "gate_biases": [float(v) for v in search.gate_biases],
-        "learning_rates": [float(v) for v in search.learning_rates or ()],
-        "weight_decays": [float(v) for v in search.weight_decays or ()],
-        "depths": [int(v) for v in search.depths or ()],
+        "gate_biases": dimension("gate_bias_init"),
+        "learning_rates": dimension("learning_rate"),
+        "weight_decays": dimension("weight_decay"),
+        "depths": dimension("depth"),
         "epochs": config.epochs, "validation_split": search.validation_split,
         "model": config.model, "model_kwargs": config.builder_arguments(),
         "dataset": config.dataset, "data_dir": data.fingerprint,
@@ -292,6 +418,15 @@ def search_identity(search, data, recipe):
         "momentum": config.momentum, "weight_decay": config.weight_decay,
         "warmup_steps": config.warmup_steps, "steps_per_epoch": config.steps_per_epoch,
         "deterministic": config.deterministic}
+    # Added later: recorded only when set, so that older searches continue.
+    for name in ("momentum", "lr_decay", "activation"):
+        if name in space:
+            identity[FLAG_NAMES[name]] = dimension(name)
+    if config.lr_decay is not None:
+        identity["lr_decay"] = config.lr_decay
+    if search.objective != "val_error":
+        identity["objective"] = search.objective
+    return identity
 
 
 def _check_same_search(directory, identity):
@@ -333,7 +468,7 @@ def run_search(search, print_fn=print):
         strategy = strategies.get_strategy(config.strategy, config.tpu)
         full = trainer.load_data(config)
         data = full.with_validation_split(search.validation_split, seed=config.seed)
-        recipe = recipes_lib.get_recipe(config.resolved_recipe)
+        recipe = config.get_recipe()
         schedule = recipes_lib.resolve(
             recipe, num_train=data.num_train, batch_size=config.batch_size,
             depth=config.resolved_depth, learning_rate=config.learning_rate,
@@ -342,10 +477,8 @@ def run_search(search, print_fn=print):
         trainer.check_global_batch(schedule, strategy)
         normalization = trainer.make_normalization(
             config.normalization or recipe.normalization, data)
-        hypermodel = GateBiasHyperModel(
-            config, data, recipe, schedule, gate_biases=search.gate_biases,
-            learning_rates=search.learning_rates, weight_decays=search.weight_decays,
-            depths=search.depths, normalization=normalization)
+        hypermodel = TrainingHyperModel(config, data, recipe, schedule, space=search.space,
+                                        normalization=normalization)
         _check_same_search(config.model_dir, search_identity(search, full, recipe))
     except trainer.ConfigError:
         raise
@@ -366,9 +499,11 @@ def run_search(search, print_fn=print):
             or strategies.is_tpu(strategy), input_context=input_context, raw_pixels=True)
 
     tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
-    done_before = len(_trial_rows(tuner))
-    print_fn(f"{search.tuner} search of gate_bias_init over {search.gate_biases} "
-             f"({search.space_size} configurations) for {config.model} "
+    done_before = len(_trial_rows(tuner, search.objective))
+    size = search.space_size
+    print_fn(f"{search.tuner} search of {search.describe_space()} "
+             f"({f'{size} configurations' if size else 'continuous'}; judged by the best "
+             f"epoch's {search.objective.replace('_', ' ')}) for {config.model} "
              f"{config.resolved_depth or ''} on {data.name}: {data.num_train:,} training / "
              f"{len(data.y_val):,} validation images (the test set is not used), "
              f"{schedule.epochs} epochs of {schedule.steps_per_epoch} steps per trial; "
@@ -381,34 +516,35 @@ def run_search(search, print_fn=print):
                      callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
                      verbose=config.verbose)
 
-    rows = _trial_rows(tuner)
+    rows = _trial_rows(tuner, search.objective)
     if not rows:
         raise RuntimeError("the search finished no trial.")
-    title = (f"{config.model} {config.resolved_depth or ''} on {data.name}: validation error "
-             f"against the initial gate bias")
-    table = write_results(rows, config.model_dir, title)
+    searched = ", ".join(search.space)
+    title = (f"{config.model} {config.resolved_depth or ''} on {data.name}: "
+             f"{search.objective.replace('_', ' ')} against {searched}")
+    table = write_results(rows, config.model_dir, title, search.objective)
     print_fn(table)
     finite = [r for r in rows if not r["note"]] or rows
-    best_row = min(finite, key=lambda r: r["val_error"])
-    best = {k: best_row[k] for k in ("gate_bias_init", "learning_rate", "weight_decay",
-                                     "depth") if k in best_row}
-    print_fn(f"best: {best} with validation error {100 * best_row['val_error']:.2f}%")
+    best_row = min(finite, key=lambda r: _score(r, search.objective))
+    best = {k: best_row[k] for k in DIMENSIONS if k in best_row}
+    judged = {"val_error": ("validation error", best_row["val_error"]),
+              "train_error": ("best training error", best_row.get("train_error")),
+              "train_loss": ("best training loss", best_row.get("best_train_loss"))}
+    label, value = judged[search.objective]
+    print_fn(f"best: {best} with {label} " + (f"{value:.4f}" if search.objective ==
+                                               "train_loss" else f"{100 * value:.2f}%"))
     result = {"rows": rows, "best": best, "best_val_error": best_row["val_error"],
-              "model_dir": config.model_dir, "trials_before": done_before}
+              "best_row": best_row, "model_dir": config.model_dir,
+              "trials_before": done_before}
     if search.retrain_best:
-        others = {k: v for k, v in best.items() if k != "gate_bias_init"}
-        model_kwargs = dict(config.model_kwargs, **registry.kwargs_from_flags(
-            config.model, gate_bias_init=best["gate_bias_init"]))
         retrain = dataclasses.replace(
-            config, epochs=search.retrain_epochs or config.epochs,
-            model_dir=os.path.join(config.model_dir, "retrain_best"),
-            model_kwargs=model_kwargs, **others)
+            apply_values(config, best), epochs=search.retrain_epochs or config.epochs,
+            model_dir=os.path.join(config.model_dir, "retrain_best"))
         print_fn(f"retraining {best} on the whole training set ...")
         outcome = trainer.train(retrain, print_fn=print_fn, strategy=strategy)
         result["retrain"] = outcome
-        print_fn(f"best gate bias {best['gate_bias_init']:g}: test error "
-                 f"{100 * outcome['test_error']:.2f}% (trained on all "
-                 f"{full.num_train:,} training images)")
+        print_fn(f"best {_describe(best)}: test error {100 * outcome['test_error']:.2f}% "
+                 f"(trained on all {full.num_train:,} training images)")
         with open(os.path.join(config.model_dir, "results.md"), "a") as f:
             f.write(f"\nRetrained with {best} on the whole training set for "
                     f"{retrain.epochs} epochs: test error "

@@ -42,7 +42,20 @@ def test_bad_flags(tmp_path):
                              "--depth=20", "--dataset=cifar10", f"--model_dir={tmp_path}"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert "shortcut=None has no gate bias to tune" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "experiments.tune", "--gate_biases=a,b"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "gate_biases=a,b" in result.stderr
+    assert "model='resnet' has no gate bias to search" in result.stderr
+    for flags, words in [
+            (["--gate_biases=a,b"], ["gate_biases=a,b"]),
+            (["--learning_rates=0.1:1:2"], ["learning_rates='0.1:1:2'", "low:high"]),
+            (["--learning_rates=0.001:1"], ["learning_rates: a range", "tuner='random'"]),
+            (["--tuner=random", "--momentums=0.5:0.9"], ["momentums", "max_trials"]),
+            (["--model=plain_net", "--depth=10", "--gate_biases=-1"], ["gate_biases applies"]),
+            (["--objective=test_error"], ["--objective"])]:
+        result = subprocess.run([sys.executable, "-m", "experiments.tune", *flags,
+                                 f"--model_dir={tmp_path}"],
+                                cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0, flags
+        lines = [line for line in result.stderr.splitlines() if "error" in line.lower()
+                 and "oneDNN" not in line]
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        for word in words:
+            assert word in lines[0], (flags, lines[0])

@@ -285,6 +285,9 @@ def test_a_run_may_only_grow(tmp_path):
     (dict(weight_decay=-1e-4), ["weight_decay=-0.0001"]),
     (dict(keep_checkpoints=0), ["keep_checkpoints=0"]),
     (dict(eval_crop=300), ["eval_crop=300", "224"]),
+    (dict(lr_decay=0.0), ["lr_decay=0.0", "(0.0, 1.0]"]),
+    (dict(lr_decay=0.9, recipe="highway_mnist_conv"),
+     ["lr_decay applies to recipes with an exponential schedule", "'highway_mnist_conv'"]),
 ])
 def test_numeric_flags_are_validated(kwargs, words):
     with pytest.raises(ConfigError) as error:
@@ -325,6 +328,25 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous(tmp_path):
         state.write_text("{")
     with pytest.raises(ConfigError, match=r"state.json is not readable .* no checkpoint"):
         train(_small(tmp_path, epochs=3, keep_checkpoints=2), quiet)
+
+
+def test_lr_decay_sets_the_exponential_schedule_and_the_run_identity(tmp_path, mnist_npz):
+    config = TrainConfig(model="highway_net", depth=3, data_dir=mnist_npz, train_examples=512,
+                         test_examples=128, epochs=2, lr_decay=0.5, verbose=0,
+                         model_dir=str(tmp_path / "run"))
+    result = train(config, print_fn=quiet)
+    rates = [row["learning_rate"] for row in result["history"]]
+    # The rate decays continuously by 0.5 per epoch of 4 steps from the
+    # recipe's 0.1 (logged at each epoch's last step, step 3 and 7).
+    assert rates == pytest.approx([0.1 * 0.5 ** 0.75, 0.1 * 0.5 ** 1.75])
+    identity = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]
+    assert identity["lr_decay"] == 0.5
+    # Without the flag the identity has no lr_decay key: runs from before it resume.
+    plain = dataclasses.replace(config, lr_decay=None)
+    prepared = trainer.prepare(dataclasses.replace(plain, model_dir=str(tmp_path / "b")))
+    assert "lr_decay" not in prepared.identity
+    with pytest.raises(ConfigError, match=r"lr_decay: 0.5 != None|lr_decay"):
+        train(dataclasses.replace(config, lr_decay=0.8), print_fn=quiet)
 
 
 def test_old_highway_config_files_resume(tmp_path):

@@ -1,10 +1,12 @@
 import csv
+import json
 import os
 
 import pytest
 
 from keras_identity.training import ConfigError
 from keras_identity.training import TrainConfig
+from keras_identity.tuning import Range
 from keras_identity.tuning import SearchConfig
 from keras_identity.tuning import run_search
 
@@ -92,6 +94,11 @@ def test_validation_split_keeps_the_test_set_out(tmp_path, monkeypatch):
     (dict(validation_split=0.0), {}, ["validation_split=0.0"]),
     (dict(max_trials=0), {}, ["max_trials=0"]),
     (dict(), dict(model="plain_net"), ["no gate bias"]),
+    (dict(gate_biases=(-1.0,)), dict(model="plain_net"), ["gate_biases applies to"]),
+    (dict(learning_rates=Range(1e-3, 1.0, True)), {}, ["learning_rates", "tuner='random'"]),
+    (dict(tuner="random", momentums=Range(0.5, 0.9)), {}, ["momentums", "max_trials"]),
+    (dict(objective="test_error"), {}, ["objective='test_error'"]),
+    (dict(learning_rates=()), {}, ["learning_rates is empty"]),
 ])
 def test_bad_searches(tmp_path, kwargs, train_kwargs, words):
     search = search_config(tmp_path, **kwargs)
@@ -130,3 +137,38 @@ def test_a_changed_search_space_is_refused_not_ignored(tmp_path):
         with pytest.raises(ConfigError) as error:
             run_search(search, print_fn=quiet)
         assert "holds another search" in str(error.value) and word in str(error.value)
+
+
+def test_random_search_of_the_depth_study_space(tmp_path):
+    """Srivastava et al.'s Fig. 1 protocol on a plain net: ranges, an
+    activation choice, judged by the best training loss; the best values are
+    retrained."""
+    train = TrainConfig(model="plain_net", depth=3, train_examples=2000, epochs=1, verbose=0,
+                        model_dir=str(tmp_path / "tune"))
+    search = SearchConfig(train=train, tuner="random", max_trials=3,
+                          learning_rates=Range(1e-3, 0.3, log=True),
+                          momentums=Range(0.5, 0.95), lr_decays=Range(0.8, 1.0),
+                          activations=("relu", "tanh"), objective="train_loss",
+                          retrain_best=True)
+    lines = []
+    result = run_search(search, print_fn=lines.append)
+    rows = result["rows"]
+    assert len(rows) == 3
+    for row in rows:
+        assert 1e-3 <= row["learning_rate"] <= 0.3 and 0.5 <= row["momentum"] <= 0.95
+        assert 0.8 <= row["lr_decay"] <= 1.0 and row["activation"] in ("relu", "tanh")
+        assert 0.0 <= row["train_error"] <= 1.0 and row["best_train_loss"] > 0
+    losses = [r["best_train_loss"] for r in rows]
+    assert losses == sorted(losses)   # best first
+    assert result["best"] == {k: rows[0][k] for k in ("learning_rate", "momentum",
+                                                      "lr_decay", "activation")}
+    assert any("judged by the best epoch's train loss" in line for line in lines)
+    directory = tmp_path / "tune"
+    assert (directory / "train_loss_vs_learning_rate.png").stat().st_size > 5000
+    table = (directory / "results.md").read_text()
+    assert "| learning_rate | momentum | lr decay | activation |" in table
+    retrained = result["retrain"]
+    config = json.load(open(directory / "retrain_best" / "config.json"))
+    assert config["lr_decay"] == pytest.approx(rows[0]["lr_decay"])
+    assert config["model_kwargs"]["activation"] == rows[0]["activation"]
+    assert 0.0 < retrained["test_error"] < 0.9
