@@ -135,7 +135,11 @@ def main(argv):
     figure = os.path.join(FLAGS.run_dir, "fig1.png")
     os.makedirs(FLAGS.run_dir, exist_ok=True)
     _plot(best, figure)
-    text = _report.header("Highway networks, Fig. 1: plain against highway nets on MNIST")
+    summary = "best final training loss, plain / highway: " + ", ".join(
+        f"{depth} layers {fmt(best.get(('plain', depth)), 'loss')} / "
+        f"{fmt(best.get(('highway', depth)), 'loss')}" for depth in depths)
+    text = _report.header("Highway networks, Fig. 1: plain against highway nets on MNIST",
+                          summary=summary)
     text += (f"\nFully connected nets on MNIST (60,000 training images), {FLAGS.epochs} "
              f"epochs of the `highway_mnist` recipe (SGD momentum 0.9, lr decayed by 0.9 per "
              f"epoch, batch 128) at each learning rate of {rates}; the table keeps, per net, "

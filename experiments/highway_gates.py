@@ -91,7 +91,12 @@ Findings:
   The paper found the same on MNIST: early layers matter, many later ones do not.
 - Every digit class shifts the mean gate activity (Fig. 3); digit {most} the most.
 """
-    text = _report.header(f"Highway gates and lesions: {model.name} on MNIST")
+    summary = (f"b_T {initial:g} -> mean {stats.biases.mean():.2f} after training; mean T(x) "
+               f"{stats.mean.mean():.3f}; {100 * open_share:.1f}% of one example's gates "
+               f"open; one-layer lesions: {100 * first_q[0].mean():.2f}% (first quarter) vs "
+               f"{100 * first_q[-1].mean():.2f}% (last) training error, "
+               f"{100 * lesions['baseline']:.2f}% unlesioned")
+    text = _report.header(f"Highway gates and lesions: {model.name} on MNIST", summary=summary)
     text += f"""
 The model: `{FLAGS.model_path}` ({layers} highway layers of {stats.mean.shape[1]} blocks after a
 plain first layer). Gate statistics on {FLAGS.examples:,} training images; lesions on all

@@ -1,128 +1,137 @@
-r"""Reproduces a claim of the papers with the package's own training program.
+r"""Reproduces a claim of the papers; lists the claims; writes the results page.
 
-    python -m experiments.reproduce --claim=highway_table1 --runs=3
+    python -m experiments.reproduce --list
+    python -m experiments.reproduce --claim=highway_table1            # CPU scale
+    python -m experiments.reproduce --claim=he_table3_1001 --scale=paper --dry_run
+    python -m experiments.reproduce --claim=highway_table1 -- --epochs=1 --train_examples=512
+    python -m experiments.reproduce --results     # docs/results/README.md from the reports
 
-``highway_table1``: Srivastava et al. (2015), Table 1 — 10-layer
-convolutional highway networks on MNIST, width 16 (~39K parameters, 99.43%
-test accuracy, 99.4 +- 0.03) and width 32 (~151K, 99.55%, 99.54 +- 0.02),
-at the paper's scale (the whole training set, the ``highway_mnist_conv``
-recipe), ``--runs`` seeds per width.  Every run is an ordinary training run
-under ``--run_dir`` (checkpointed: the command picks up where a killed one
-stopped, and finished runs are reused); the report with mean +- std per width
-against the paper goes to docs/results/.
+Each claim (``experiments/claims.py``) has a command at CPU scale (what ran
+on this project's 2-core machine) and one at the paper's scale (for a GPU or
+TPU; some claims need one).  ``--claim`` runs the command of ``--scale`` in a
+child process; flags after ``--`` are passed on to it (e.g. a shorter smoke
+run).  Its runs are checkpointed: running the command again continues them.
+The report it writes under docs/results/ names this command.
 """
 
-import json
 import os
-import statistics
-import time
+import subprocess
+import sys
 
 from absl import app
 from absl import flags
 
 from experiments import _cli
 from experiments import _report
-
-CLAIMS = ("highway_table1",)
-PAPER_TABLE1 = {16: (39_000, 99.43, "99.4 ± 0.03"), 32: (151_000, 99.55, "99.54 ± 0.02")}
+from experiments import claims as claims_lib
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("claim", "highway_table1", list(CLAIMS), "The claim to reproduce.")
-flags.DEFINE_integer("runs", 3, "Seeds per configuration.")
-flags.DEFINE_list("widths", ["16", "32"], "highway_table1: widths (Table 1: 16 and 32).")
-flags.DEFINE_integer("epochs", None, "Epochs per run (default: the recipe's; fewer for a "
-                     "smoke test, which the report then states).")
-flags.DEFINE_integer("train_examples", None, "A random subset of the training set (a smoke "
-                     "test, which the report then states).")
-flags.DEFINE_string("data_dir", None, "MNIST .npz (default: the built-in copy).")
-flags.DEFINE_string("run_dir", "runs/reproduce", "Directory of the individual runs.")
-flags.DEFINE_string("report_dir", None, "Where the report goes (default: docs/results/).")
+flags.DEFINE_enum("claim", None, [c.name for c in claims_lib.CLAIMS], "The claim to reproduce.")
+flags.DEFINE_enum("scale", "cpu", ["cpu", "paper"], "cpu: the scale run on a 2-core CPU "
+                  "(stated in the report); paper: the paper's (a GPU or TPU for most claims).")
+flags.DEFINE_bool("dry_run", False, "Print the command instead of running it.")
+flags.DEFINE_bool("list", False, "List the claims and their commands.")
+flags.DEFINE_bool("results", False, "Write docs/results/README.md from the claims' reports.")
+flags.DEFINE_string("results_dir", None, "Where the reports are (default: docs/results/).")
+
+README = "README.md"
 
 
-def _table1_run(width, seed):
-    import keras
-
-    from keras_identity.training import TrainConfig
-    from keras_identity.training import train
-
-    model_dir = os.path.join(FLAGS.run_dir, "highway_table1", f"width{width}_seed{seed}")
-    config = TrainConfig(model=f"highway10_conv{width}_mnist", dataset="mnist",
-                         data_dir=FLAGS.data_dir, epochs=FLAGS.epochs, seed=seed, verbose=2,
-                         train_examples=FLAGS.train_examples, model_dir=model_dir)
-    started = time.time()
-    result = train(config)
-    keras.backend.clear_session()
-    history = result["history"]
-    seconds = sum(row.get("epoch_time", 0.0) for row in history) or time.time() - started
-    return {"width": width, "seed": seed, "params": result["params"],
-            "accuracy": 100.0 * (1.0 - result["test_error"]), "epochs": len(history),
-            "seconds": seconds, "model_dir": model_dir}
+def _list():
+    for claim in claims_lib.CLAIMS:
+        print(f"{claim.name}: {claim.source} — {claim.statement}")
+        print(f"  paper: {claim.paper}")
+        print(f"  cpu:   {claim.command('cpu') or 'not run here (' + claim.cpu_scale + ')'}")
+        print(f"  paper: {claim.command('paper')}  [{claim.paper_time}]")
 
 
-def _table1_report(rows, epochs_flag, train_examples):
-    lines = ["| width | parameters (paper) | runs | test accuracy %, mean ± std | runs' accuracies "
-             "| paper: best (mean ± std) |", "| --- | --- | --- | --- | --- | --- |"]
-    for width in sorted({r["width"] for r in rows}):
-        mine = [r for r in rows if r["width"] == width]
-        accuracies = [r["accuracy"] for r in mine]
-        spread = statistics.stdev(accuracies) if len(accuracies) > 1 else float("nan")
-        params, best, mean = PAPER_TABLE1[width]
-        lines.append(f"| {width} | {mine[0]['params']:,} ({params / 1000:.0f}K) | "
-                     f"{len(mine)} | {statistics.mean(accuracies):.2f} ± {spread:.2f} | "
-                     f"{', '.join(f'{a:.2f}' for a in accuracies)} | {best} ({mean}) |")
-    epochs = sorted({r["epochs"] for r in rows})
-    hours = sum(r["seconds"] for r in rows) / 3600
-    from keras_identity.training import get_recipe
+def _run(claim, scale, extra):
+    argv = claim.cpu if scale == "cpu" else claim.paper_scale
+    if argv is None:
+        _cli.fail(f"--claim={claim.name} has no CPU-scale command ({claim.cpu_scale}); use "
+                  f"--scale=paper on a GPU or TPU (expected: {claim.paper_time})", 2)
+    command = [sys.executable, "-m", *argv, *extra]
+    shown = "python -m " + " ".join([*argv, *extra])
+    if FLAGS.dry_run:
+        print(shown)
+        return 0
+    ours = " ".join(["python -m experiments.reproduce", f"--claim={claim.name}",
+                     f"--scale={scale}", *(["--", *extra] if extra else [])])
+    print(f"== {claim.name} ({claim.source}), {scale} scale: {shown}", flush=True)
+    env = dict(os.environ, **{_report.COMMAND_VARIABLE: ours})
+    return subprocess.call(command, env=env)
 
-    recipe_epochs = get_recipe("highway_mnist_conv").epochs
-    scale = (f"the paper's scale: all 60,000 training images, the recipe's {recipe_epochs} "
-             f"epochs" if epochs_flag is None and train_examples is None else
-             f"a shortened run ({epochs_flag or recipe_epochs} epochs, "
-             f"{train_examples or 60_000:,} training images), not the paper's scale")
-    return "\n".join([
-        "Srivastava et al. (2015), Table 1: 10-layer convolutional highway networks "
-        "(9 convolutional layers + softmax) on MNIST. Architecture and recipe: "
-        "`highway_net(10, architecture=\"convolutional\", width=...)` and "
-        "`highway_mnist_conv` (the paper gives neither in full; our choices are in "
-        "docs/training.md and the builder's docstring).", "",
-        f"Scale: {scale}; epochs per run {epochs}; one seed per run (`--seed` 0, 1, ...); "
-        f"{hours:.1f} hours of training in total.", "", *lines, "",
-        "Runs: " + ", ".join(f"`{r['model_dir']}`" for r in rows) + "."])
+
+def _cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def results_page(directory):
+    """The text of docs/results/README.md: one row per claim."""
+    rows = ["| claim | the paper | ours | scale | command | report | date | machine |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    missing = []
+    for claim in claims_lib.CLAIMS:
+        if claim.report is None:
+            rows.append(
+                f"| {claim.name}: {_cell(claim.source)} | {_cell(claim.paper)} | not run here "
+                f"| {_cell(claim.cpu_scale)}; expected at the paper's scale: "
+                f"{_cell(claim.paper_time)} | `{claim.command('paper')}` | - | - | - |")
+            continue
+        path = os.path.join(directory, claim.report)
+        fields = _report.read_header(path) if os.path.exists(path) else {}
+        if "summary" not in fields:
+            missing.append(claim.report)
+        rows.append(
+            f"| {claim.name}: {_cell(claim.source)} | {_cell(claim.paper)} | "
+            f"{_cell(fields.get('summary', 'not run yet'))} | {_cell(claim.cpu_scale)} | "
+            f"`python -m experiments.reproduce --claim={claim.name}` | "
+            f"[{claim.report}]({claim.report}) | {fields.get('date', '-')} | "
+            f"{_cell(fields.get('machine', '-'))} |")
+    text = "\n".join([
+        "# Results: the papers' claims, reproduced",
+        "",
+        "Written by `python -m experiments.reproduce --results` from the reports in this "
+        "directory; each report names the command, machine and date of its numbers. "
+        "Re-run a claim with `python -m experiments.reproduce --claim=<claim>` (CPU scale, "
+        "as here) or `--scale=paper` (the paper's scale; `--list` prints both commands). "
+        "Claims marked \"not run here\" need a GPU, a TPU or ImageNet, none of which this "
+        "project's 2-core machine has; their expected times are estimates (below).",
+        "",
+        *rows,
+        "",
+        "## Expected times at the paper's scale (estimates, not measurements)",
+        "",
+        "Training FLOPs per image are 3x the forward pass (`benchmarks.run.forward_flops`: "
+        "ResNet-164 1.47 GFLOP, ResNet-1001 8.93 GFLOP; ResNet-110 about 1.5 GFLOP); the "
+        "CIFAR recipe trains 64,000 x 128 = 8.2 million images, so one ResNet-110/164 run is "
+        "about 12 PFLOP and one ResNet-1001 run about 73 PFLOP. Thin CIFAR convolutions keep "
+        "a GPU far from its peak; at a sustained 2-10 TFLOP/s on one current GPU that is 20 "
+        "min to 1.7 h per ResNet-110/164 run and 2-10 h per ResNet-1001 run. TPU figures "
+        "are in [docs/tpu.md](../tpu.md). ImageNet ResNet-200 (Table 5): about 90 GFLOP per "
+        "training image x 120 epochs of 1.28 million images = 14 EFLOP, about 2 days on 8 "
+        "GPUs at 10 TFLOP/s each.",
+    ])
+    return text, missing
 
 
 def main(argv):
-    if len(argv) > 1:
-        _cli.fail(f"unexpected arguments {argv[1:]}", 2)
-    if FLAGS.runs < 1:
-        _cli.fail(f"runs={FLAGS.runs} is not valid; expected an integer >= 1", 2)
-    widths = []
-    for value in FLAGS.widths:
-        if value not in ("16", "32"):
-            _cli.fail(f"--widths={','.join(FLAGS.widths)} is not valid; Table 1 has widths "
-                      f"16 and 32", 2)
-        widths.append(int(value))
-    from keras_identity.training import ConfigError
-    from keras_identity.training import TrainingDiverged
-
-    rows = []
-    try:
-        for width in widths:
-            for seed in range(FLAGS.runs):
-                print(f"== highway_table1: width {width}, seed {seed}")
-                rows.append(_table1_run(width, seed))
-                print(f"== width {width}, seed {seed}: test accuracy "
-                      f"{rows[-1]['accuracy']:.2f}%")
-    except ConfigError as error:
-        _cli.fail(error, 2)
-    except TrainingDiverged as error:
-        _cli.fail(f"training diverged: {error}")
-    text = _report.header("Highway networks, Table 1: convolutional nets on MNIST") + "\n" + \
-        _table1_report(rows, FLAGS.epochs, FLAGS.train_examples)
-    directory = FLAGS.report_dir or _report.RESULTS
-    path = _report.write("highway_table1_mnist.md", text, directory=directory)
-    with open(os.path.join(FLAGS.run_dir, "highway_table1", "runs.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"report: {path}")
+    extra = argv[1:]
+    if FLAGS.list:
+        _list()
+        return
+    if FLAGS.results:
+        directory = FLAGS.results_dir or _report.RESULTS
+        text, missing = results_page(directory)
+        path = _report.write(README, text, directory=directory)
+        print(f"wrote {path}")
+        if missing:
+            print(f"reports without a summary line (re-run their claims): {', '.join(missing)}")
+        return
+    if FLAGS.claim is None:
+        _cli.fail("give --claim (one of: "
+                  f"{', '.join(c.name for c in claims_lib.CLAIMS)}), --list or --results", 2)
+    sys.exit(_run(claims_lib.BY_NAME[FLAGS.claim], FLAGS.scale, extra))
 
 
 if __name__ == "__main__":

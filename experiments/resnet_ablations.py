@@ -1,15 +1,20 @@
 r"""Table 1 (shortcuts) and Table 2 (unit orderings) of He et al. (2016) on CIFAR-10.
 
-    python -m experiments.resnet_ablations --data_dir=../shared/data \
-        --depth=20 --train_steps=300 --seeds=0,1              # reduced scale, CPU
+    python -m experiments.resnet_ablations --data_dir=../shared/data --depth=20 \
+        --train_steps=800 --seeds=0,1,2 \
+        --cases=original,scale05,exclusive0,dropout,relu_before_addition,full_preactivation
+                                                              # reduced scale, CPU
     python -m experiments.resnet_ablations --data_dir=... --depth=110 --seeds=0,1,2,3,4
                                                               # the paper's recipe (GPU)
 
-Trains every configuration with the `cifar` recipe (shortened proportionally
-by --train_steps; omit it for the full 64k iterations), for each seed, and
-writes a Markdown report with the paper's numbers beside ours (median over
-seeds) and the training curves.  Finished runs are skipped, so the command
-can be run again to complete an interrupted study.
+Trains every configuration (or the --cases chosen) with the `cifar` recipe
+(shortened proportionally by --train_steps; omit it for the full 64k
+iterations), for each seed, and writes a Markdown report with the paper's
+numbers beside ours (mean +- std and each seed's) and the training curves.
+Each case is compared with the original unit: a claimed difference counts as
+reproduced only when the seeds' ranges do not overlap and the sign is the
+paper's.  Finished runs are skipped, so the command can be run again to
+complete an interrupted study.
 """
 
 import json
@@ -29,6 +34,8 @@ flags.DEFINE_integer("steps_per_epoch", None, "Evaluation interval (default: one
 flags.DEFINE_integer("batch_size", None, "Global batch size (default: the recipe's 128).")
 flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the paper: median of 5 runs).")
 flags.DEFINE_list("tables", ["1", "2"], "Which tables to run.")
+flags.DEFINE_list("cases", None, "Only these cases (keys of TABLE1/TABLE2, e.g. original,"
+                  "scale05,full_preactivation); default: every case of --tables.")
 flags.DEFINE_string("run_dir", "runs/ablations", "Directory of the individual runs.")
 flags.DEFINE_string("report", None, "Report name under docs/results/ (default: "
                     "resnet_ablations_<depth>.md).")
@@ -59,6 +66,10 @@ TABLE1 = [
     ("dropout", "dropout shortcut", "2(f)", "dropout 0.5", "1", "fail",
      dict(shortcut="dropout", shortcut_dropout_rate=0.5)),
 ]
+# The paper's claim for each case against the original unit: "worse", "better"
+# or "equal" (Table 2(d): 6.71 against 6.61).
+CLAIMS = {"original": None, "relu_only_preactivation": "equal",
+          "full_preactivation": "better"}
 # (key, case, Fig., paper's ResNet-110, paper's ResNet-164, unit)
 TABLE2 = [
     ("original", "original Residual Unit", "4(a)", "6.61", "5.93", "original"),
@@ -105,62 +116,127 @@ def _run(key, seed, unit_kwargs):
     return row
 
 
-def _median(values):
+def _stats(rows, name):
     import numpy as np
 
+    values = [r[name] for r in rows]
     finite = [v for v in values if v == v]
     if not finite:
-        return float("nan")
-    return float(np.median(finite))
+        return float("nan"), float("nan"), values
+    return (float(np.mean(finite)), float(np.std(finite, ddof=1)) if len(finite) > 1 else
+            float("nan"), values)
 
 
-def _cell(rows, key):
-    errors = [r["test_error"] for r in rows]
-    losses = [r["loss"] for r in rows]
+def verdict(case_rows, original_rows, claim):
+    """Whether the paper's claim (``"worse"``, ``"better"``, ``"equal"``) about
+    a case against the original unit holds at this scale: the test errors of
+    the seeds must not overlap, in the claimed direction."""
+    case = [r["test_error"] for r in case_rows]
+    base = [r["test_error"] for r in original_rows]
+    if any(v != v for v in case):   # a diverged run
+        return "reproduces (diverged)" if claim == "worse" else "contradicted (diverged)"
+    if len(case) < 2 or len(base) < 2:
+        return "cannot be judged (one seed)"
+    if min(case) > max(base):
+        direction = "worse"
+    elif max(case) < min(base):
+        direction = "better"
+    else:
+        return ("consistent (seed ranges overlap)" if claim == "equal" else
+                "cannot be judged at this scale (seed ranges overlap)")
+    if claim == "equal":
+        return f"contradicted ({direction}, seeds separate)"
+    return "reproduces" if direction == claim else f"contradicted ({direction})"
+
+
+def _cell(rows):
+    mean, std, errors = _stats(rows, "test_error")
+    loss, _, _ = _stats(rows, "loss")
     diverged = sum(1 for r in rows if r.get("diverged"))
-    text = " / ".join(f"{100 * e:.1f}" if e == e else "NaN" for e in errors)
+    text = ", ".join(f"{100 * e:.1f}" if e == e else "NaN" for e in errors)
     note = f" ({diverged} diverged)" if diverged else ""
-    return (f"{100 * _median(errors):.2f} [{text}]{note}",
-            f"{_median(losses):.3f}")
+    spread = f" ± {100 * std:.2f}" if std == std else ""
+    return f"{100 * mean:.2f}{spread} [{text}]{note}", f"{loss:.3f}"
 
 
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
-    seeds = [int(s) for s in FLAGS.seeds]
-    results = {}
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        _cli.fail(f"--seeds={','.join(FLAGS.seeds)} is not valid; expected integers", 2)
     wanted = {}
     if "1" in FLAGS.tables:
         wanted.update({key: kwargs for key, *_, kwargs in TABLE1})
     if "2" in FLAGS.tables:
         wanted.update({key: {"unit": unit} if unit != "original" else {}
                        for key, *_, unit in TABLE2})
+    if FLAGS.cases:
+        unknown = [c for c in FLAGS.cases if c not in wanted]
+        if unknown:
+            _cli.fail(f"--cases={','.join(unknown)} is not valid; expected some of: "
+                      f"{', '.join(wanted)} (tables {','.join(FLAGS.tables)})", 2)
+        if "original" not in FLAGS.cases:
+            _cli.fail("--cases must include original: every case is compared with it", 2)
+        wanted = {key: wanted[key] for key in wanted if key in FLAGS.cases}
+    results = {}
     for key, kwargs in wanted.items():
         print(f"{key}: {kwargs}", flush=True)
         results[key] = [_run(key, seed, kwargs) for seed in seeds]
 
     steps = FLAGS.train_steps or "64,000 (the full recipe)"
-    text = _report.header(f"He et al. (2016) Tables 1 and 2 on CIFAR-10: ResNet-{FLAGS.depth}")
+    original = results.get("original")
+
+    def judged(key, claim):
+        if key == "original" or original is None:
+            return "(reference)" if key == "original" else ""
+        return verdict(results[key], original, claim)
+
+    def mean_error(key):
+        return f"{100 * _stats(results[key], 'test_error')[0]:.1f}%"
+
+    summary = (f"ResNet-{FLAGS.depth}, {len(seeds)} seeds: original {mean_error('original')}; "
+               + "; ".join(f"{key} {mean_error(key)} ({judged(key, CLAIMS.get(key, 'worse'))})"
+                           for key in results if key != "original")
+               if original is not None else None)
+    text = _report.header(f"He et al. (2016) Tables 1 and 2 on CIFAR-10: ResNet-{FLAGS.depth}",
+                          summary=summary)
     text += (f"\nResNet-{FLAGS.depth} (the paper: ResNet-110 for Table 1, ResNet-110 and "
              f"ResNet-164 for Table 2), `cifar` recipe scaled to {steps} iterations at batch "
              f"{FLAGS.batch_size or 128} (lr 0.1, /10 at 50% and 75%), seeds {seeds}. "
-             f"Ours: test error of the median seed, with each seed's in brackets, and the "
-             f"training loss at the end (median). The paper's numbers are medians of 5 runs "
-             f"of the full recipe.\n")
+             f"Ours: test error, mean ± std over the seeds with each seed's in brackets, and "
+             f"the mean training loss at the end. The paper's numbers are medians of 5 runs "
+             f"of the full recipe. **Verdict**: the paper's claim against the original unit "
+             f"counts as reproduced when the seeds' test errors do not overlap and lie on "
+             f"the paper's side.\n")
+
     if "1" in FLAGS.tables:
         text += ("\n## Table 1: shortcuts (all units original, Fig. 4(a))\n\n| case | Fig. | on "
                  "shortcut | on F | paper: ResNet-110 error (%) | ours: test error (%) | "
-                 "ours: train loss |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+                 "ours: train loss | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
         for key, case, fig, on_h, on_f, paper, _ in TABLE1:
-            error, loss = _cell(results[key], key)
-            text += f"| {case} | {fig} | {on_h} | {on_f} | {paper} | {error} | {loss} |\n"
+            if key in results:
+                error, loss = _cell(results[key])
+                text += (f"| {case} | {fig} | {on_h} | {on_f} | {paper} | {error} | {loss} | "
+                         f"{judged(key, CLAIMS.get(key, 'worse'))} |\n")
     if "2" in FLAGS.tables:
         text += ("\n## Table 2: unit orderings (identity shortcuts)\n\n| case | Fig. | paper: "
                  "ResNet-110 | paper: ResNet-164 | ours: test error (%) | ours: train loss "
-                 "|\n| --- | --- | --- | --- | --- | --- |\n")
+                 "| verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n")
         for key, case, fig, p110, p164, _ in TABLE2:
-            error, loss = _cell(results[key], key)
-            text += f"| {case} | {fig} | {p110} | {p164} | {error} | {loss} |\n"
+            if key in results:
+                error, loss = _cell(results[key])
+                text += (f"| {case} | {fig} | {p110} | {p164} | {error} | {loss} | "
+                         f"{judged(key, CLAIMS.get(key, 'worse'))} |\n")
+    summary = {key: {"test_errors": [r["test_error"] for r in rows],
+                     "losses": [r["loss"] for r in rows],
+                     "verdict": judged(key, CLAIMS.get(key, "worse"))}
+               for key, rows in results.items()}
+    os.makedirs(FLAGS.run_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_summary.json"), "w") as f:
+        json.dump({"depth": FLAGS.depth, "train_steps": FLAGS.train_steps, "seeds": seeds,
+                   "cases": summary}, f, indent=1)
     from keras_identity.training import plot_runs
 
     curves = []

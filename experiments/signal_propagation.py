@@ -109,8 +109,12 @@ def propagation_report():
     for label, expected, factor, product, _, path1, full1 in rows:
         table += (f"| {label} | {expected} | {factor:.4f} | {product:.3g} | {path1:.3g} | "
                   f"{full1:.3g} |\n")
+    shown = [r for r in rows if r[0] in ("original (identity)", "constant scaling 0.5",
+                                         "exclusive gating b_g=0", "dropout shortcut 0.5")]
+    summary = ("shortcut path, factor per unit / share of the output's gradient at unit 1: "
+               + ", ".join(f"{r[0]} {r[2]:.3g} / {r[5]:.3g}" for r in shown))
     text = _report.header(f"Gradient propagation through ResNet-{FLAGS.depth} at "
-                          "initialisation (Eqns. 5 and 8)")
+                          "initialisation (Eqns. 5 and 8)", summary=summary)
     text += f"""
 `keras_identity.analysis.signal_propagation` on a batch of {len(x)} {source} (BN with
 batch statistics, cross-entropy against random labels), for each shortcut of Table 1
@@ -172,7 +176,12 @@ def shattered_report():
     plt.close(fig)
     table = "| depth | plain | residual |\n| --- | --- | --- |\n" + "".join(
         f"| {r['depth']} | {r['plain']:.3f} | {r['residual']:.3f} |\n" for r in rows)
-    text = _report.header("Shattered gradients: plain against residual nets")
+    deepest = rows[-1]
+    text = _report.header(
+        "Shattered gradients: plain against residual nets",
+        summary=f"lag-1 autocorrelation of df/dx at depth {deepest['depth']}: plain "
+                f"{deepest['plain']:.3f}, residual {deepest['residual']:.3f} (depth 1: "
+                f"{rows[0]['plain']:.3f} / {rows[0]['residual']:.3f})")
     text += f"""
 Balduzzi et al. (2017), in the lecture notes: the gradient `df/dx` of a rectifier net from
 R to R (200 units per layer, He initialisation, BN with batch statistics) over 256 inputs

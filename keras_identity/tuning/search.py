@@ -14,9 +14,7 @@ import time
 import keras
 import keras_tuner
 
-from keras_identity import _checks
 from keras_identity.data import pipeline
-from keras_identity.models import registry
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import strategies
 from keras_identity.training import trainer

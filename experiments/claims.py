@@ -1,0 +1,138 @@
+"""The papers' claims that ``experiments.reproduce`` knows: what each says, the
+paper's number, and the commands that reproduce it at CPU scale (run on this
+project's 2-core machine) and at the paper's scale.
+
+A claim's report (under docs/results/) names its command, machine and date in
+its header and sums up our result in a ``- summary:`` line, which
+``python -m experiments.reproduce --results`` collects into
+docs/results/README.md.
+"""
+
+import dataclasses
+
+DATA = "--data_dir=../shared/data"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    name: str
+    source: str             # paper, table or figure
+    statement: str          # what the paper claims
+    paper: str              # the paper's number(s)
+    report: str = None      # docs/results/<report> (None: not run here)
+    cpu: tuple = None       # argv after "python -m" at CPU scale (None: GPU only)
+    cpu_scale: str = ""     # what the CPU scale is, against the paper's
+    paper_scale: tuple = None   # argv after "python -m" at the paper's scale
+    paper_time: str = ""    # expected time at the paper's scale (an estimate)
+
+    def command(self, scale):
+        argv = self.cpu if scale == "cpu" else self.paper_scale
+        return None if argv is None else "python -m " + " ".join(argv)
+
+
+_ABLATION_CASES = ("--cases=original,scale05,exclusive0,dropout,relu_before_addition,"
+                   "full_preactivation")
+_ABLATIONS_CPU = ("experiments.resnet_ablations", DATA, "--depth=20", "--train_steps=800",
+                  "--seeds=0,1,2", _ABLATION_CASES, "--run_dir=runs/reproduce/resnet_ablations",
+                  "--report=resnet_ablations_20.md")
+# Estimates on paper (docs/results/README.md, "Expected times"): training
+# FLOPs per image x images, at a sustained 2-10 TFLOP/s on one current GPU.
+_GPU_110 = "about 12 PFLOP per run: 20 min - 1.7 h per run on one GPU (estimate)"
+
+CLAIMS = (
+    Claim("gradient_propagation", "He et al. 2016, Eqns. 5 and 8",
+          "With identity shortcuts the gradient reaches every unit at least undiminished "
+          "(Eqn. 5); a shortcut scaled by lambda < 1 shrinks it as lambda^(L-l) (Eqn. 8).",
+          "no number (an analysis)", "gradient_propagation.md",
+          ("experiments.signal_propagation", DATA),
+          "the paper's ResNet-110 at initialisation, one batch of 64 CIFAR-10 images",
+          ("experiments.signal_propagation", DATA), "minutes (runs here)"),
+    Claim("shattered_gradients", "Balduzzi et al. 2017 (lecture notes)",
+          "Gradients of deep plain nets look like white noise; residual nets keep them "
+          "correlated.", "no number (an analysis)", "shattered_gradients.md",
+          ("experiments.signal_propagation", DATA),
+          "the notes' 1-D nets (200 units a layer), 3 seeds",
+          ("experiments.signal_propagation", DATA), "minutes (runs here)"),
+    Claim("he_table1", "He et al. 2016, Table 1",
+          "Impeded shortcuts (constant scaling 0.5, exclusive gating at b_g = 0, dropout "
+          "0.5) train worse than identity.",
+          "identity 6.61%; scaling 0.5 fail; exclusive b_g=0 fail; dropout fail (ResNet-110)",
+          "resnet_ablations_20.md", _ABLATIONS_CPU,
+          "ResNet-20, 800 iterations (2 epochs) of the cifar recipe, 3 seeds, 4 of 11 cases",
+          ("experiments.resnet_ablations", DATA, "--depth=110", "--seeds=0,1,2,3,4",
+           "--tables=1"), "11 cases x 5 seeds; " + _GPU_110),
+    Claim("he_table2", "He et al. 2016, Table 2",
+          "Full pre-activation (e) beats the original unit (a); ReLU before addition (c) is "
+          "worse.", "(a) 6.61%, (c) 7.84%, (e) 6.37% (ResNet-110)",
+          "resnet_ablations_20.md", _ABLATIONS_CPU,
+          "ResNet-20, 800 iterations (2 epochs), 3 seeds, cases (a), (c), (e)",
+          ("experiments.resnet_ablations", DATA, "--depth=110", "--seeds=0,1,2,3,4",
+           "--tables=2"), "5 cases x 5 seeds; " + _GPU_110),
+    Claim("he_table2_164", "He et al. 2016, Tables 2 and 3 (ResNet-164)",
+          "Full pre-activation improves the bottleneck ResNet-164.",
+          "original 5.93%, pre-activation 5.46%", None, None, "not run here (GPU only)",
+          ("keras_identity_cli.train", "--model=preact_resnet164", "--dataset=cifar10",
+           DATA), "about 12 PFLOP: 20 min - 1.7 h on one GPU (estimate)"),
+    Claim("he_table3_1001", "He et al. 2016, Table 3 / Table 4",
+          "A 1001-layer pre-activation ResNet reaches 4.92% on CIFAR-10 (7.61% with "
+          "original units).", "4.92% (4.89 ± 0.14)", None, None, "not run here (GPU only)",
+          ("keras_identity_cli.train", "--model=preact_resnet1001", "--dataset=cifar10",
+           DATA, "--batch_size=64"),
+          "about 73 PFLOP: 2-10 h on one GPU, or 41-124 min on a v5e chip (estimates)"),
+    Claim("he_table5_imagenet", "He et al. 2016, Table 5",
+          "Pre-activation ResNet-200 beats the original ResNet-200 on ImageNet.",
+          "21.8% -> 20.7% top-1 (320x320 crop)", None, None,
+          "not run here (ImageNet is not on this machine)",
+          ("keras_identity_cli.train", "--model=preact_resnet200_imagenet",
+           "--dataset=imagenet", "--data_dir=<tfds dir with imagenet2012>", "--eval_crop=320"),
+          "about 14 EFLOP: about 2 days on 8 GPUs (estimate)"),
+    Claim("gate_bias_search", "He et al. 2016, Sec. 3.1; Srivastava et al. 2015, Sec. 2.2",
+          "The initial gate bias is critical; negative values (He et al.: -6 best for "
+          "exclusive gating) let gated nets train.", "b_g = -6 best (ResNet-110, 8.70%)",
+          "tune_highway50_mnist.md",
+          ("keras_identity_cli.tune", "--model=highway_net", "--depth=50", "--dataset=mnist",
+           "--tuner=grid", "--epochs=3", "--retrain_best",
+           "--model_dir=runs/tune_highway50"),
+          "highway-50 on MNIST (not a ResNet-110 on CIFAR-10), 3 epochs per trial, 1 seed",
+          ("keras_identity_cli.tune", "--model=resnet", "--depth=110",
+           "--shortcut=exclusive_gating", "--dataset=cifar10", DATA, "--epochs=164",
+           "--retrain_best"), "11 trials + 1 retraining of ResNet-110; " + _GPU_110),
+    Claim("highway_fig1_depth", "Srivastava et al. 2015, Fig. 1",
+          "Plain nets get harder to optimise as they deepen; highway nets of 10-100 layers "
+          "optimise well.", "10/20-layer plain: training loss < 1e-4; highway-100 more than "
+          "100x below plain-100", "highway_depth_study_mnist.md",
+          ("experiments.highway_depth_study", "--epochs=5"),
+          "depths 10/20/50/100, 5 epochs, 3 learning rates per net (the paper: a 100-run "
+          "random search per net, epochs not stated)",
+          ("experiments.highway_depth_study", "--epochs=50"),
+          "runs here in about 2 hours (50 epochs x 24 runs; the paper's length is not stated)"),
+    Claim("highway_fig1_search", "Srivastava et al. 2015, Fig. 1 (100 layers)",
+          "A random search over learning rate, momentum, decay, activation and b_T finds a "
+          "100-layer highway net that optimises well; a 100-layer plain net does not.",
+          "highway-100 more than 100x below plain-100 in training loss",
+          "highway_fig1_search_mnist.md", ("experiments.highway_fig1_search",),
+          "100 layers, 20 trials of 5 epochs per net (the paper: 100 trials), best retrained "
+          "20 epochs", ("experiments.highway_fig1_search", "--trials=100", "--epochs=20",
+                        "--retrain_epochs=100"),
+          "runs here in about 12 hours (5x the trials, 4x the epochs of the CPU scale)"),
+    Claim("highway_gates", "Srivastava et al. 2015, Figs. 2-4",
+          "Transform-gate biases fall during training, gates are selective per example, and "
+          "lesioning layers shows which ones the net relies on.",
+          "no number (figures)", "highway_gates_mnist.md", ("experiments.highway_gates",),
+          "the highway-50 of the default first run (20 epochs)",
+          ("experiments.highway_gates",), "minutes (runs here)"),
+    Claim("highway_table1", "Srivastava et al. 2015, Table 1",
+          "10-layer convolutional highway nets reach 99.43% (width 16) and 99.55% (width "
+          "32) on MNIST.", "99.43% (99.4 ± 0.03), 99.55% (99.54 ± 0.02)",
+          "highway_table1_mnist.md", ("experiments.highway_table1", "--runs=3"),
+          "the paper's: all of MNIST, 30 epochs, 3 runs a width (the paper: 5)",
+          ("experiments.highway_table1", "--runs=5"),
+          "runs here: 15 min (width 16) and 50 min (width 32) a run"),
+    Claim("highway_table2_cifar", "Srivastava et al. 2015, Table 2",
+          "A 19-layer highway net trained in one stage matches Fitnet B on CIFAR-10.",
+          "92.46% (92.28 ± 0.16)", None, None, "not run here (GPU only)",
+          ("keras_identity_cli.train", "--model=highway19_cifar10", "--dataset=cifar10",
+           DATA), "2.3M parameters; about an hour on one GPU (estimate)"),
+)
+
+BY_NAME = {claim.name: claim for claim in CLAIMS}
