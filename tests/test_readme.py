@@ -31,6 +31,8 @@ NOT_RUN = {
                                "tests/export runs the same requests against keras-identity-serve",
     "curl": "needs a running server; tests/export posts the same REST body to "
             "keras-identity-serve",
+    "python -m experiments.reproduce --claim": "hours of training; "
+        "tests/experiments/test_reproduce.py runs a claim shortened",
 }
 NOT_RUN_FLAGS = {
     "--strategy=tpu": "needs a TPU; the notebook test runs the TPU route's CPU fallback",
@@ -40,7 +42,7 @@ SHORTENED = {
     "keras-identity-train": ["--train_steps=2", "--steps_per_epoch=2", "--batch_size=32",
                              "--train_examples=256", "--test_examples=64", "--verbose=2"],
     "keras-identity-tune": ["--epochs=1", "--gate_biases=-1,-2", "--train_examples=512",
-                            "--batch_size=64", "--verbose=0"],
+                            "--batch_size=64", "--max_trials=2", "--verbose=0"],
     "keras-identity-export": [],
 }
 PYTHON_SUBSTITUTIONS = [
@@ -118,6 +120,7 @@ def test_readme_commands_run(tmp_path, shared_dir):
     assert ran.count("keras-identity-train") == 4  # the first run twice (set-up, Training)
     assert (tmp_path / "serving" / "pre164" / "1" / "saved_model.pb").exists()
     assert (tmp_path / "runs" / "tune_highway50" / "results.csv").exists()
+    assert (tmp_path / "runs" / "search_highway100" / "results.csv").exists()
 
 
 def test_readme_python_blocks_run(tmp_path, rng):
