@@ -24,6 +24,9 @@ class Claim:
     cpu_scale: str = ""     # what the CPU scale is, against the paper's
     paper_scale: tuple = None   # argv after "python -m" at the paper's scale
     paper_time: str = ""    # expected time at the paper's scale (an estimate)
+    # The report is assembled by hand from the command's own output (its
+    # summary line too); re-running the claim does not rewrite it.
+    manual_report: bool = False
 
     def command(self, scale):
         argv = self.cpu if scale == "cpu" else self.paper_scale
@@ -60,29 +63,31 @@ CLAIMS = (
           "resnet_ablations_20.md", _ABLATIONS_CPU,
           "ResNet-20, 800 iterations (2 epochs) of the cifar recipe, 3 seeds, 4 of 11 cases",
           ("experiments.resnet_ablations", DATA, "--depth=110", "--seeds=0,1,2,3,4",
-           "--tables=1"), "11 cases x 5 seeds; " + _GPU_110),
+           "--tables=1", "--run_dir=runs/reproduce/resnet_ablations_110",
+           "--report=resnet_ablations_110_table1.md"), "11 cases x 5 seeds; " + _GPU_110),
     Claim("he_table2", "He et al. 2016, Table 2",
           "Full pre-activation (e) beats the original unit (a); ReLU before addition (c) is "
           "worse.", "(a) 6.61%, (c) 7.84%, (e) 6.37% (ResNet-110)",
           "resnet_ablations_20.md", _ABLATIONS_CPU,
           "ResNet-20, 800 iterations (2 epochs), 3 seeds, cases (a), (c), (e)",
           ("experiments.resnet_ablations", DATA, "--depth=110", "--seeds=0,1,2,3,4",
-           "--tables=2"), "5 cases x 5 seeds; " + _GPU_110),
+           "--tables=2", "--run_dir=runs/reproduce/resnet_ablations_110",
+           "--report=resnet_ablations_110_table2.md"), "5 cases x 5 seeds; " + _GPU_110),
     Claim("he_table2_164", "He et al. 2016, Tables 2 and 3 (ResNet-164)",
           "Full pre-activation improves the bottleneck ResNet-164.",
-          "original 5.93%, pre-activation 5.46%", None, None, "not run here (GPU only)",
+          "original 5.93%, pre-activation 5.46%", None, None, "GPU only",
           ("keras_identity_cli.train", "--model=preact_resnet164", "--dataset=cifar10",
            DATA), "about 12 PFLOP: 20 min - 1.7 h on one GPU (estimate)"),
     Claim("he_table3_1001", "He et al. 2016, Table 3 / Table 4",
           "A 1001-layer pre-activation ResNet reaches 4.92% on CIFAR-10 (7.61% with "
-          "original units).", "4.92% (4.89 ± 0.14)", None, None, "not run here (GPU only)",
+          "original units).", "4.92% (4.89 ± 0.14)", None, None, "GPU only",
           ("keras_identity_cli.train", "--model=preact_resnet1001", "--dataset=cifar10",
            DATA, "--batch_size=64"),
           "about 73 PFLOP: 2-10 h on one GPU, or 41-124 min on a v5e chip (estimates)"),
     Claim("he_table5_imagenet", "He et al. 2016, Table 5",
           "Pre-activation ResNet-200 beats the original ResNet-200 on ImageNet.",
           "21.8% -> 20.7% top-1 (320x320 crop)", None, None,
-          "not run here (ImageNet is not on this machine)",
+          "ImageNet is not on this machine",
           ("keras_identity_cli.train", "--model=preact_resnet200_imagenet",
            "--dataset=imagenet", "--data_dir=<tfds dir with imagenet2012>", "--eval_crop=320"),
           "about 14 EFLOP: about 2 days on 8 GPUs (estimate)"),
@@ -96,7 +101,8 @@ CLAIMS = (
           "highway-50 on MNIST (not a ResNet-110 on CIFAR-10), 3 epochs per trial, 1 seed",
           ("keras_identity_cli.tune", "--model=resnet", "--depth=110",
            "--shortcut=exclusive_gating", "--dataset=cifar10", DATA, "--epochs=164",
-           "--retrain_best"), "11 trials + 1 retraining of ResNet-110; " + _GPU_110),
+           "--retrain_best"), "11 trials + 1 retraining of ResNet-110; " + _GPU_110,
+          manual_report=True),
     Claim("highway_fig1_depth", "Srivastava et al. 2015, Fig. 1",
           "Plain nets get harder to optimise as they deepen; highway nets of 10-100 layers "
           "optimise well.", "10/20-layer plain: training loss < 1e-4; highway-100 more than "
@@ -113,7 +119,8 @@ CLAIMS = (
           "highway_fig1_search_mnist.md", ("experiments.highway_fig1_search",),
           "100 layers, 20 trials of 5 epochs per net (the paper: 100 trials), best retrained "
           "20 epochs", ("experiments.highway_fig1_search", "--trials=100", "--epochs=20",
-                        "--retrain_epochs=100"),
+                        "--retrain_epochs=100",
+                        "--run_dir=runs/reproduce/highway_fig1_paper"),
           "runs here in about 12 hours (5x the trials, 4x the epochs of the CPU scale)"),
     Claim("highway_gates", "Srivastava et al. 2015, Figs. 2-4",
           "Transform-gate biases fall during training, gates are selective per example, and "
@@ -130,7 +137,7 @@ CLAIMS = (
           "runs here: 15 min (width 16) and 50 min (width 32) a run"),
     Claim("highway_table2_cifar", "Srivastava et al. 2015, Table 2",
           "A 19-layer highway net trained in one stage matches Fitnet B on CIFAR-10.",
-          "92.46% (92.28 ± 0.16)", None, None, "not run here (GPU only)",
+          "92.46% (92.28 ± 0.16)", None, None, "GPU only",
           ("keras_identity_cli.train", "--model=highway19_cifar10", "--dataset=cifar10",
            DATA), "2.3M parameters; about an hour on one GPU (estimate)"),
 )

@@ -50,10 +50,13 @@ TOP = 10   # Fig. 1, right: mean of the top 10 settings
 
 
 def search_config(net):
-    """The :class:`SearchConfig` of ``net``'s search (what
-    ``keras-identity-tune --tuner=random --learning_rates=0.001:0.3
+    """The :class:`SearchConfig` of ``net``'s search: what
+    ``keras-identity-tune --model=<net>_net --depth=100 --dataset=mnist
+    --tuner=random --max_trials=20 --epochs=5 --learning_rates=0.001:0.3
     --momentums=0.5:0.99 --lr_decays=0.8:1 --activations=relu,tanh
-    [--gate_biases=-10:-1] --objective=train_loss --retrain_best`` builds)."""
+    [--gate_biases=-10:-1] --objective=train_loss --retrain_best
+    --retrain_epochs=20 --verbose=2 --model_dir=runs/reproduce/highway_fig1/<net>100``
+    builds with this module's defaults (the same search directory)."""
     from keras_identity.training import TrainConfig
     from keras_identity.tuning import SearchConfig
     from keras_identity.tuning import parse_range
@@ -84,7 +87,8 @@ def summarize(net, result):
     rows = result["rows"]
     finite = [r for r in rows if not r["note"]]
     top = sorted(r["best_train_loss"] for r in finite)[:TOP]
-    history = result["retrain"]["history"]
+    retrain = result.get("retrain") or {"diverged": True}
+    history = retrain.get("history") or [{"loss": float("nan")}]
     return {
         "net": net, "trials": len(rows), "diverged": len(rows) - len(finite),
         "best": _format(result["best_row"]), "best_values": result["best"],
@@ -93,11 +97,11 @@ def summarize(net, result):
         "relu_trials": sum(1 for r in finite if r["activation"] == "relu"),
         "tanh_in_top": sum(1 for r in sorted(finite, key=lambda r: r["best_train_loss"])[:TOP]
                            if r["activation"] == "tanh"),
-        "retrain_loss": history[-1]["loss"], "retrain_min_loss": min(r["loss"]
-                                                                     for r in history),
-        "retrain_test_error": result["retrain"]["test_error"],
-        "retrain_dir": os.path.join(result["model_dir"], "retrain_best"),
-        "curve": [r["loss"] for r in history],
+        "retrain_diverged": bool(retrain.get("diverged")),
+        "retrain_loss": history[-1]["loss"],
+        "retrain_test_error": retrain.get("test_error", float("nan")),
+        "retrain_dir": retrain.get("model_dir"),
+        "curve": [r["loss"] for r in history] if retrain.get("history") else [],
     }
 
 
@@ -120,9 +124,11 @@ def report(summaries):
         lines.append(
             f"| {s['net']}-{FLAGS.depth} | {s['trials']} ({s['diverged']}) | {s['best']} | "
             f"{s['search_loss']:.4g} | {s['top_mean']:.4g} (top {s['top_n']}) | "
-            f"{s['retrain_loss']:.4g} | {100 * s['retrain_test_error']:.2f}% |")
+            + ("diverged | - |" if s["retrain_diverged"] else
+               f"{s['retrain_loss']:.4g} | {100 * s['retrain_test_error']:.2f}% |"))
     ratio = None
-    if "highway" in by_net and "plain" in by_net:
+    if "highway" in by_net and "plain" in by_net and not any(
+            s["retrain_diverged"] for s in summaries):
         ratio = by_net["plain"]["retrain_loss"] / max(by_net["highway"]["retrain_loss"], 1e-12)
         lines += ["", f"Final training loss, plain / highway: **{ratio:.3g}x** (the paper: "
                   f"more than 100x at 100 layers)."]
@@ -138,6 +144,8 @@ def _plot(summaries, path):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for s in summaries:
+        if not s["curve"]:
+            continue
         epochs = range(1, len(s["curve"]) + 1)
         ax.plot(epochs, s["curve"], label=f"{s['net']}-{FLAGS.depth}: {s['best']}")
     ax.set_yscale("log")

@@ -3,15 +3,19 @@ r"""Reproduces a claim of the papers; lists the claims; writes the results page.
     python -m experiments.reproduce --list
     python -m experiments.reproduce --claim=highway_table1            # CPU scale
     python -m experiments.reproduce --claim=he_table3_1001 --scale=paper --dry_run
-    python -m experiments.reproduce --claim=highway_table1 -- --epochs=1 --train_examples=512
+    python -m experiments.reproduce --claim=highway_table1 -- --epochs=1 \
+        --train_examples=512 --run_dir=/tmp/smoke --report_dir=/tmp/smoke  # a smoke run
     python -m experiments.reproduce --results     # docs/results/README.md from the reports
 
 Each claim (``experiments/claims.py``) has a command at CPU scale (what ran
 on this project's 2-core machine) and one at the paper's scale (for a GPU or
 TPU; some claims need one).  ``--claim`` runs the command of ``--scale`` in a
 child process; flags after ``--`` are passed on to it (e.g. a shorter smoke
-run).  Its runs are checkpointed: running the command again continues them.
-The report it writes under docs/results/ names this command.
+run: give it its own --run_dir and --report_dir, or it mixes with the real
+runs).  Its runs are checkpointed: running the command again continues them.
+The report it writes under docs/results/ names this command (except the
+gate-bias search, whose report is assembled by hand from the tuner's
+results.md).
 """
 
 import os
@@ -42,6 +46,8 @@ def _list():
         print(f"{claim.name}: {claim.source} — {claim.statement}")
         print(f"  paper: {claim.paper}")
         print(f"  cpu:   {claim.command('cpu') or 'not run here (' + claim.cpu_scale + ')'}")
+        if claim.manual_report:
+            print(f"         (docs/results/{claim.report} is assembled by hand from its output)")
         print(f"  paper: {claim.command('paper')}  [{claim.paper_time}]")
 
 
@@ -115,8 +121,24 @@ def results_page(directory):
     return text, missing
 
 
+def _refuse_extra(mode, extra):
+    given = [f"--{name}" for name in ("claim", "dry_run") if FLAGS[name].present]
+    if FLAGS["scale"].present:
+        given.append("--scale")
+    if extra:
+        given.append(f"arguments {extra}")
+    if given:
+        _cli.fail(f"{', '.join(given)} do not apply with {mode}", 2)
+
+
 def main(argv):
     extra = argv[1:]
+    if FLAGS.list and FLAGS.results:
+        _cli.fail("--list and --results are exclusive", 2)
+    if FLAGS.list or FLAGS.results:
+        _refuse_extra("--list" if FLAGS.list else "--results", extra)
+    elif FLAGS["results_dir"].present:
+        _cli.fail("--results_dir applies with --results", 2)
     if FLAGS.list:
         _list()
         return
@@ -131,7 +153,15 @@ def main(argv):
     if FLAGS.claim is None:
         _cli.fail("give --claim (one of: "
                   f"{', '.join(c.name for c in claims_lib.CLAIMS)}), --list or --results", 2)
-    sys.exit(_run(claims_lib.BY_NAME[FLAGS.claim], FLAGS.scale, extra))
+    words = [a for a in extra if not a.startswith("-")]
+    if words and "--" not in sys.argv:
+        _cli.fail(f"unexpected arguments {words}; flags for the claim's program go after --", 2)
+    claim = claims_lib.BY_NAME[FLAGS.claim]
+    code = _run(claim, FLAGS.scale, extra)
+    if claim.manual_report and code == 0 and not FLAGS.dry_run:
+        print(f"docs/results/{claim.report} is assembled by hand from the results.md this "
+              f"command wrote; update it from there.")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ TABLE1 = [
 # The paper's claim for each case against the original unit: "worse", "better"
 # or "equal" (Table 2(d): 6.71 against 6.61).
 CLAIMS = {"original": None, "relu_only_preactivation": "equal",
-          "full_preactivation": "better"}
+          "full_preactivation": "better",
+          "shortcut_only6": "equal"}   # 6.91%: "much closer to the baseline"
 # (key, case, Fig., paper's ResNet-110, paper's ResNet-164, unit)
 TABLE2 = [
     ("original", "original Residual Unit", "4(a)", "6.61", "5.93", "original"),
@@ -133,6 +134,8 @@ def verdict(case_rows, original_rows, claim):
     the seeds must not overlap, in the claimed direction."""
     case = [r["test_error"] for r in case_rows]
     base = [r["test_error"] for r in original_rows]
+    if any(v != v for v in base):
+        return "cannot be judged (the original unit diverged)"
     if any(v != v for v in case):   # a diverged run
         return "reproduces (diverged)" if claim == "worse" else "contradicted (diverged)"
     if len(case) < 2 or len(base) < 2:
@@ -165,7 +168,11 @@ def main(argv):
     try:
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
-        _cli.fail(f"--seeds={','.join(FLAGS.seeds)} is not valid; expected integers", 2)
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds):
+        _cli.fail(f"--seeds={','.join(FLAGS.seeds)} is not valid; expected integers >= 0", 2)
+    if not FLAGS.tables or set(FLAGS.tables) - {"1", "2"}:
+        _cli.fail(f"--tables={','.join(FLAGS.tables)} is not valid; expected 1, 2 or 1,2", 2)
     wanted = {}
     if "1" in FLAGS.tables:
         wanted.update({key: kwargs for key, *_, kwargs in TABLE1})
@@ -194,11 +201,12 @@ def main(argv):
         return verdict(results[key], original, claim)
 
     def mean_error(key):
-        return f"{100 * _stats(results[key], 'test_error')[0]:.1f}%"
+        mean, std, _ = _stats(results[key], "test_error")
+        return f"{100 * mean:.1f}" + (f" ± {100 * std:.1f}%" if std == std else "%")
 
     summary = (f"ResNet-{FLAGS.depth}, {len(seeds)} seeds: original {mean_error('original')}; "
-               + "; ".join(f"{key} {mean_error(key)} ({judged(key, CLAIMS.get(key, 'worse'))})"
-                           for key in results if key != "original")
+               + "; ".join([f"{key} {mean_error(key)} ({judged(key, CLAIMS.get(key, 'worse'))})"
+                            for key in results if key != "original"] or ["no other case"])
                if original is not None else None)
     text = _report.header(f"He et al. (2016) Tables 1 and 2 on CIFAR-10: ResNet-{FLAGS.depth}",
                           summary=summary)
@@ -211,7 +219,7 @@ def main(argv):
              f"counts as reproduced when the seeds' test errors do not overlap and lie on "
              f"the paper's side.\n")
 
-    if "1" in FLAGS.tables:
+    if "1" in FLAGS.tables and any(k in results for k, *_ in TABLE1 if k != "original"):
         text += ("\n## Table 1: shortcuts (all units original, Fig. 4(a))\n\n| case | Fig. | on "
                  "shortcut | on F | paper: ResNet-110 error (%) | ours: test error (%) | "
                  "ours: train loss | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
@@ -220,7 +228,7 @@ def main(argv):
                 error, loss = _cell(results[key])
                 text += (f"| {case} | {fig} | {on_h} | {on_f} | {paper} | {error} | {loss} | "
                          f"{judged(key, CLAIMS.get(key, 'worse'))} |\n")
-    if "2" in FLAGS.tables:
+    if "2" in FLAGS.tables and any(k in results for k, *_ in TABLE2 if k != "original"):
         text += ("\n## Table 2: unit orderings (identity shortcuts)\n\n| case | Fig. | paper: "
                  "ResNet-110 | paper: ResNet-164 | ours: test error (%) | ours: train loss "
                  "| verdict |\n| --- | --- | --- | --- | --- | --- | --- |\n")
@@ -234,7 +242,8 @@ def main(argv):
                      "verdict": judged(key, CLAIMS.get(key, "worse"))}
                for key, rows in results.items()}
     os.makedirs(FLAGS.run_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_summary.json"), "w") as f:
+    name = FLAGS.report or f"resnet_ablations_{FLAGS.depth}.md"
+    with open(os.path.join(FLAGS.run_dir, name.replace(".md", "_summary.json")), "w") as f:
         json.dump({"depth": FLAGS.depth, "train_steps": FLAGS.train_steps, "seeds": seeds,
                    "cases": summary}, f, indent=1)
     from keras_identity.training import plot_runs
@@ -250,7 +259,6 @@ def main(argv):
                   title=f"ResNet-{FLAGS.depth}, seed {seeds[0]}: training loss (dashed), "
                         f"test error (solid)")
         text += "\n" + _report.copy_figure(figure, f"resnet{FLAGS.depth}_ablation_curves.png")
-    name = FLAGS.report or f"resnet_ablations_{FLAGS.depth}.md"
     print(f"wrote {_report.write(name, text)}")
 
 

@@ -87,7 +87,7 @@ def define_model_flags(shortcuts=None):
     """Defines the flags that set builder arguments (``registry.MODEL_FLAGS``)
     and ``--model_kwargs``, with the choices the library accepts.
 
-    ``shortcuts`` narrows ``--shortcut`` (the tuner takes the gated ones).
+    ``shortcuts`` narrows ``--shortcut``.
     """
     from keras_identity import layers
     from keras_identity.models import STAGE_MODES

@@ -80,8 +80,10 @@ def _floats(name, values, log=False, ranges=True):
     """Comma-separated numbers, or with ``ranges`` one range ``low:high``."""
     from keras_identity.tuning import parse_range
 
-    if not values:
+    if values is None:
         return None
+    if not values:
+        return ()   # given empty: refused by SearchConfig.validate
     if ranges and len(values) == 1 and ":" in values[0]:
         try:
             return parse_range(name, values[0], log=log)
@@ -102,9 +104,13 @@ def main(argv):
     from keras_identity.tuning import SearchConfig
     from keras_identity.tuning import run_search
 
-    if FLAGS.gate_bias_init is not None:
-        _cli.fail("--gate_bias_init is what the search varies; give the values with "
-                  "--gate_biases", 2)
+    if FLAGS.depth is not None and FLAGS.depths is not None:
+        _cli.fail("--depth and --depths are exclusive: --depths is what the search varies", 2)
+    if FLAGS.max_trials is not None and FLAGS.tuner == "hyperband":
+        _cli.fail("--max_trials does not apply to --tuner=hyperband (it decides its trials "
+                  "from --epochs)", 2)
+    if FLAGS.retrain_epochs is not None and not FLAGS.retrain_best:
+        _cli.fail("--retrain_epochs applies with --retrain_best", 2)
     try:
         model_kwargs = _cli.model_kwargs_from_flags(FLAGS.model)
     except ValueError as error:
@@ -122,7 +128,7 @@ def main(argv):
         learning_rates=_floats("learning_rates", FLAGS.learning_rates, log=True),
         momentums=_floats("momentums", FLAGS.momentums),
         lr_decays=_floats("lr_decays", FLAGS.lr_decays),
-        activations=tuple(FLAGS.activations) if FLAGS.activations else None,
+        activations=None if FLAGS.activations is None else tuple(FLAGS.activations),
         weight_decays=_floats("weight_decays", FLAGS.weight_decays),
         depths=_floats("depths", FLAGS.depths, ranges=False), objective=FLAGS.objective,
         retrain_best=FLAGS.retrain_best, retrain_epochs=FLAGS.retrain_epochs)

@@ -581,8 +581,10 @@ def train(config, print_fn=print, strategy=None):
              f"{data.source} ({data.num_train:,} train / {data.num_test:,} test images)")
     print_fn(f"recipe {recipe.name}: global batch {schedule.batch_size}, lr "
              f"{schedule.learning_rate:g}, {schedule.total_steps:,} steps "
-             f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), lr drops at "
-             f"{list(schedule.boundaries)}, warm-up {schedule.warmup_steps}; "
+             f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), "
+             + (f"lr x{recipe.exponential_decay:g} per epoch" if recipe.schedule ==
+                "exponential" else f"lr drops at {list(schedule.boundaries)}")
+             + f", warm-up {schedule.warmup_steps}; "
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")

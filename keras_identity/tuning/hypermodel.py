@@ -21,6 +21,7 @@ import keras_tuner
 from keras_identity import _checks
 from keras_identity.layers.residual import GATED_SHORTCUTS
 from keras_identity.models import registry
+from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import trainer
 
 DEFAULT_GATE_BIASES = tuple(float(b) for b in range(0, -11, -1))  # 0, -1, ..., -10
@@ -102,8 +103,16 @@ def check_tunable(config, space=None):
         raise trainer.ConfigError(str(error)) from None
 
 
+def gate_bias_fixed(config):
+    """Whether ``config.model_kwargs`` sets the initial gate bias itself."""
+    return "gate_bias_init" in config.model_kwargs or \
+        "transform_bias_init" in config.model_kwargs
+
+
 def _check_space(config, space):
     space = {"gate_bias_init": DEFAULT_GATE_BIASES} if space is None else space
+    if isinstance(space.get("depth"), Range) or isinstance(space.get("activation"), Range):
+        raise trainer.ConfigError("depths and activations take lists of values, not ranges.")
     if not space:
         what = ("" if has_gate_bias(config) else
                 f"{_model_words(config)} has no gate bias to search; ")
@@ -113,9 +122,9 @@ def _check_space(config, space):
     for name in space:
         if name == "depth":   # the configuration's depth is the default one
             continue
-        given = (name in config.model_kwargs or (
-            name == "gate_bias_init" and "transform_bias_init" in config.model_kwargs)
-            if name in BUILDER_DIMENSIONS else getattr(config, name) is not None)
+        given = ((gate_bias_fixed(config) if name == "gate_bias_init" else
+                  name in config.model_kwargs)
+                 if name in BUILDER_DIMENSIONS else getattr(config, name) is not None)
         if given:
             raise trainer.ConfigError(f"{name} is both fixed and searched ({FLAG_NAMES[name]}); "
                                       f"give one of them.")
@@ -146,8 +155,12 @@ def _check_space(config, space):
                 _checks.check_range(FLAG_NAMES[name], value, **limits)
     for value in space.get("depth") or ():
         _checks.check_positive_int("depths", value)
-    if isinstance(space.get("depth"), Range) or isinstance(space.get("activation"), Range):
-        raise trainer.ConfigError("depths and activations take lists of values, not ranges.")
+    if "lr_decay" in space:
+        recipe = config.resolved_recipe
+        if recipes_lib.get_recipe(recipe).schedule != "exponential":
+            raise trainer.ConfigError(
+                f"lr_decays applies to recipes with an exponential schedule (highway_mnist); "
+                f"recipe {recipe!r} decays in steps.")
 
 
 class TrainingHyperModel(keras_tuner.HyperModel):
@@ -194,8 +207,6 @@ class TrainingHyperModel(keras_tuner.HyperModel):
             self.space[name] = tuple(convert(v) for v in values)
         for depth in self.space.get("depth", ()):
             dataclasses.replace(config, depth=depth).validate()
-        if "lr_decay" in self.space:
-            dataclasses.replace(config, lr_decay=0.9).validate()
 
     def declare(self, hp):
         """Declares the space on ``hp``; returns the chosen values."""

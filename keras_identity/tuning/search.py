@@ -15,6 +15,7 @@ import keras
 import keras_tuner
 
 from keras_identity.data import pipeline
+from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import strategies
 from keras_identity.training import trainer
@@ -25,6 +26,7 @@ from keras_identity.tuning.hypermodel import Range
 from keras_identity.tuning.hypermodel import TrainingHyperModel
 from keras_identity.tuning.hypermodel import apply_values
 from keras_identity.tuning.hypermodel import check_tunable
+from keras_identity.tuning.hypermodel import gate_bias_fixed
 from keras_identity.tuning.hypermodel import has_gate_bias
 
 TUNERS = ("grid", "random", "bayesian", "hyperband")
@@ -121,7 +123,8 @@ class SearchConfig:
     ``lr_decays``, ``activations``, ``weight_decays`` and ``depths`` is a
     tuple of values or a :class:`Range` (random, Bayesian, Hyperband).
     ``gate_biases=None`` means the paper's 0, -1, ..., -10 for a model with a
-    gate bias and no gate-bias dimension otherwise.  ``objective`` is
+    gate bias (unless ``model_kwargs`` fixes it) and no gate-bias dimension
+    otherwise.  ``objective`` is
     ``"val_error"`` (the best epoch's validation error), ``"train_error"``
     or ``"train_loss"`` (the best epoch's training error or cross-entropy).
     """
@@ -148,7 +151,8 @@ class SearchConfig:
         space = {}
         for name in DIMENSIONS:
             values = getattr(self, FLAG_NAMES[name])
-            if name == "gate_bias_init" and values is None and has_gate_bias(self.train):
+            if (name == "gate_bias_init" and values is None and has_gate_bias(self.train)
+                    and not gate_bias_fixed(self.train)):
                 values = DEFAULT_GATE_BIASES
             if values is None:
                 continue
@@ -341,7 +345,7 @@ def _plot(rows, path, title, objective="val_error"):
     scale = 1.0 if objective == "train_loss" else 100.0
 
     def y(r):
-        return scale * _score(r, objective) if r["note"] == "" else scale * r["val_error"]
+        return scale * _score(r, objective)
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     trained = [r for r in rows if not r["note"]]
@@ -362,8 +366,13 @@ def _plot(rows, path, title, objective="val_error"):
         if x_name == "learning_rate":
             ax.set_xscale("log")
     if diverged:
-        ax.plot([r[x_name] for r in diverged], [scale * r["val_error"] for r in diverged],
-                "x", color="tab:red", markersize=9, label="diverged (NaN loss)")
+        # At their validation error for that objective, else at the top of
+        # the trained trials' range (a diverged loss has no value to show).
+        top = max((y(r) for r in trained), default=scale)
+        ax.plot([r[x_name] for r in diverged],
+                [scale * r["val_error"] if objective == "val_error" else top
+                 for r in diverged], "x", color="tab:red", markersize=9,
+                label="diverged (NaN loss)")
     ax.set_xlabel(_AXIS.get(x_name, x_name))
     ax.set_ylabel(_AXIS[objective])
     if x_name == "gate_bias_init":
@@ -534,12 +543,26 @@ def run_search(search, print_fn=print):
     result = {"rows": rows, "best": best, "best_val_error": best_row["val_error"],
               "best_row": best_row, "model_dir": config.model_dir,
               "trials_before": done_before}
-    if search.retrain_best:
+    if search.retrain_best and best_row["note"]:
+        print_fn("not retraining: every trial diverged.")
+        result["retrain"] = None
+    elif search.retrain_best:
+        # One directory per best trial: more trials of the same search may
+        # find other values, whose run must not resume this one's.
         retrain = dataclasses.replace(
             apply_values(config, best), epochs=search.retrain_epochs or config.epochs,
-            model_dir=os.path.join(config.model_dir, "retrain_best"))
-        print_fn(f"retraining {best} on the whole training set ...")
-        outcome = trainer.train(retrain, print_fn=print_fn, strategy=strategy)
+            model_dir=os.path.join(config.model_dir, "retrain_best", f"trial_{best_row['trial']}"))
+        print_fn(f"retraining {best} on the whole training set in {retrain.model_dir} ...")
+        try:
+            outcome = trainer.train(retrain, print_fn=print_fn, strategy=strategy)
+        except callbacks_lib.TrainingDiverged as error:
+            print_fn(f"the retraining of {_describe(best)} diverged: {error}")
+            result["retrain"] = {"diverged": True, "model_dir": retrain.model_dir}
+            with open(os.path.join(config.model_dir, "results.md"), "a") as f:
+                f.write(f"\nRetrained with {best} on the whole training set: diverged "
+                        f"({error}).\n")
+            return result
+        outcome["model_dir"] = retrain.model_dir
         result["retrain"] = outcome
         print_fn(f"best {_describe(best)}: test error {100 * outcome['test_error']:.2f}% "
                  f"(trained on all {full.num_train:,} training images)")

@@ -49,7 +49,11 @@ def test_bad_flags(tmp_path):
             (["--learning_rates=0.001:1"], ["learning_rates: a range", "tuner='random'"]),
             (["--tuner=random", "--momentums=0.5:0.9"], ["momentums", "max_trials"]),
             (["--model=plain_net", "--depth=10", "--gate_biases=-1"], ["gate_biases applies"]),
-            (["--objective=test_error"], ["--objective"])]:
+            (["--objective=test_error"], ["--objective"]),
+            (["--gate_biases="], ["gate_biases is empty"]),
+            (["--depth=10", "--depths=10,20"], ["--depth and --depths are exclusive"]),
+            (["--tuner=hyperband", "--max_trials=3"], ["--max_trials does not apply"]),
+            (["--retrain_epochs=3"], ["--retrain_epochs applies with --retrain_best"])]:
         result = subprocess.run([sys.executable, "-m", "experiments.tune", *flags,
                                  f"--model_dir={tmp_path}"],
                                 cwd=REPO, capture_output=True, text=True, timeout=120)

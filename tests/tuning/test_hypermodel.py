@@ -119,7 +119,7 @@ def test_parse_range():
      ["momentums=1.5"]),
     (TrainConfig(model="highway_net", depth=3, recipe="highway_mnist_conv"),
      dict(lr_decay=(0.9,)),
-     ["lr_decay applies to recipes with an exponential schedule"]),
+     ["lr_decays applies to recipes with an exponential schedule"]),
 ])
 def test_bad_spaces_are_refused_in_one_line(config, space, words, mnist_small):
     with pytest.raises(ConfigError) as error:

@@ -99,6 +99,9 @@ def test_validation_split_keeps_the_test_set_out(tmp_path, monkeypatch):
     (dict(tuner="random", momentums=Range(0.5, 0.9)), {}, ["momentums", "max_trials"]),
     (dict(objective="test_error"), {}, ["objective='test_error'"]),
     (dict(learning_rates=()), {}, ["learning_rates is empty"]),
+    (dict(lr_decays=(0.9,)), dict(recipe="highway_mnist_conv"),
+     ["lr_decays applies to recipes with an exponential schedule"]),
+    (dict(depths=Range(3, 5)), {}, ["depths and activations take lists"]),
 ])
 def test_bad_searches(tmp_path, kwargs, train_kwargs, words):
     search = search_config(tmp_path, **kwargs)
@@ -168,7 +171,29 @@ def test_random_search_of_the_depth_study_space(tmp_path):
     table = (directory / "results.md").read_text()
     assert "| learning_rate | momentum | lr decay | activation |" in table
     retrained = result["retrain"]
-    config = json.load(open(directory / "retrain_best" / "config.json"))
+    # The retraining has its own directory per best trial (more trials may
+    # find other values).
+    assert retrained["model_dir"] == str(directory / "retrain_best" / f"trial_{rows[0]['trial']}")
+    config = json.load(open(os.path.join(retrained["model_dir"], "config.json")))
     assert config["lr_decay"] == pytest.approx(rows[0]["lr_decay"])
     assert config["model_kwargs"]["activation"] == rows[0]["activation"]
     assert 0.0 < retrained["test_error"] < 0.9
+
+
+def test_a_fixed_gate_bias_is_not_searched_by_default(tmp_path):
+    search = search_config(tmp_path, learning_rates=(0.05,))
+    search.train.model_kwargs = {"transform_bias_init": -3.0}
+    assert search.validate().space == {"learning_rate": (0.05,)}
+    search.gate_biases = (-1.0, -2.0)
+    with pytest.raises(ConfigError, match="gate_bias_init is both fixed and searched"):
+        search.validate()
+
+
+def test_no_retraining_when_every_trial_diverged(tmp_path):
+    train = TrainConfig(model="plain_net", depth=3, train_examples=1000, epochs=1, verbose=0,
+                        model_dir=str(tmp_path / "tune"))
+    lines = []
+    result = run_search(SearchConfig(train=train, learning_rates=(1e4,), retrain_best=True),
+                        print_fn=lines.append)
+    assert [r["note"] for r in result["rows"]] == ["diverged (NaN loss)"]
+    assert result["retrain"] is None and "not retraining: every trial diverged." in lines
