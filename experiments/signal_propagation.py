@@ -109,6 +109,11 @@ def propagation_report():
     for label, expected, factor, product, _, path1, full1 in rows:
         table += (f"| {label} | {expected} | {factor:.4f} | {product:.3g} | {path1:.3g} | "
                   f"{full1:.3g} |\n")
+    dropout = next((r for r in rows if r[0].startswith("dropout")), None)
+    dropout_text = "" if dropout is None else (
+        f"Here {dropout[5]:.3g} of the output's gradient norm reaches unit 1 on that path."
+        if dropout[5] > 0 else f"Here no position of this batch survives all "
+        f"{len(path[dropout[0]].names) - 1} masks: the path carries no gradient to unit 1.")
     shown = [r for r in rows if r[0] in ("original (identity)", "constant scaling 0.5",
                                          "exclusive gating b_g=0", "dropout shortcut 0.5")]
     summary = ("shortcut path, factor per unit / share of the output's gradient at unit 1: "
@@ -129,10 +134,10 @@ after k units), about 1 - σ(b_g) for gates; a 1x1 convolution multiplies by a r
 matrix whose gain compounds. The factor is measured inside stage 3, from the input of
 its second unit to the input of its last; across the first unit of a stage, where
 option A subsamples and pads or a shared BN-ReLU acts, h is not an identity, as the
-paper notes. A dropout shortcut multiplies the gradient by a 0/1 mask: its expectation
-is 0.5 per unit, but the gradient only reaches positions that every later mask kept, so
-its norm between units stays 1 while the share of positions it reaches halves per unit
-(0.118 of the output's gradient norm reaches unit 1).
+paper notes. A dropout shortcut multiplies by a 0/1 mask per unit (expectation 0.5):
+the signal survives only at the positions every mask kept, and the loss's gradient
+flows back along exactly those positions, so between units its norm either stays the
+same or, once no position survives, is 0. {dropout_text}
 
 **Whole network.** At initialisation the residual branches add their own terms to the
 gradient; with BN they grow towards the input, since a unit's branch gradient scales

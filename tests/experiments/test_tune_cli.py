@@ -38,6 +38,8 @@ def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
 
 
 def test_bad_flags(tmp_path):
+    # One line each; the search's own checks (ranges with the grid, max_trials,
+    # objectives, gate biases of plain nets) are tested in tests/tuning.
     result = subprocess.run([sys.executable, "-m", "experiments.tune", "--model=resnet",
                              "--depth=20", "--dataset=cifar10", f"--model_dir={tmp_path}"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -46,10 +48,6 @@ def test_bad_flags(tmp_path):
     for flags, words in [
             (["--gate_biases=a,b"], ["gate_biases=a,b"]),
             (["--learning_rates=0.1:1:2"], ["learning_rates='0.1:1:2'", "low:high"]),
-            (["--learning_rates=0.001:1"], ["learning_rates: a range", "tuner='random'"]),
-            (["--tuner=random", "--momentums=0.5:0.9"], ["momentums", "max_trials"]),
-            (["--model=plain_net", "--depth=10", "--gate_biases=-1"], ["gate_biases applies"]),
-            (["--objective=test_error"], ["--objective"]),
             (["--gate_biases="], ["gate_biases is empty"]),
             (["--depth=10", "--depths=10,20"], ["--depth and --depths are exclusive"]),
             (["--tuner=hyperband", "--max_trials=3"], ["--max_trials does not apply"]),
