@@ -108,15 +108,17 @@ def results_page(directory):
         "",
         "## Expected times at the paper's scale (estimates, not measurements)",
         "",
-        "Training FLOPs per image are 3x the forward pass (`benchmarks.run.forward_flops`: "
-        "ResNet-164 1.47 GFLOP, ResNet-1001 8.93 GFLOP; ResNet-110 about 1.5 GFLOP); the "
+        "Training FLOPs per image (3x the forward pass of `benchmarks.run.forward_flops`): "
+        "ResNet-164 1.47 GFLOP, ResNet-1001 8.93 GFLOP, ResNet-110 about 1.5 GFLOP, the "
+        "19-layer highway net 1.76 GFLOP (its convolutions counted from the model). The "
         "CIFAR recipe trains 64,000 x 128 = 8.2 million images, so one ResNet-110/164 run is "
         "about 12 PFLOP and one ResNet-1001 run about 73 PFLOP. Thin CIFAR convolutions keep "
         "a GPU far from its peak; at a sustained 2-10 TFLOP/s on one current GPU that is 20 "
         "min to 1.7 h per ResNet-110/164 run and 2-10 h per ResNet-1001 run. TPU figures "
         "are in [docs/tpu.md](../tpu.md). ImageNet ResNet-200 (Table 5): about 90 GFLOP per "
         "training image x 120 epochs of 1.28 million images = 14 EFLOP, about 2 days on 8 "
-        "GPUs at 10 TFLOP/s each.",
+        "GPUs at 10 TFLOP/s each. The highway net's recipe (`highway_cifar`, 200 epochs) "
+        "trains 10 million images: about 18 PFLOP.",
     ])
     return text, missing
 

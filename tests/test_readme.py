@@ -31,8 +31,8 @@ NOT_RUN = {
                                "tests/export runs the same requests against keras-identity-serve",
     "curl": "needs a running server; tests/export posts the same REST body to "
             "keras-identity-serve",
-    "python -m experiments.reproduce --claim": "hours of training; "
-        "tests/experiments/test_reproduce.py runs a claim shortened",
+    "python -m experiments.reproduce": "a claim takes hours; "
+        "tests/experiments/test_reproduce.py runs --list, --results and a claim shortened",
 }
 NOT_RUN_FLAGS = {
     "--strategy=tpu": "needs a TPU; the notebook test runs the TPU route's CPU fallback",
