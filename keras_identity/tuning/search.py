@@ -246,7 +246,10 @@ def _trial_rows(tuner, objective="val_error"):
     records = json.load(open(path)) if os.path.exists(path) else {}
     rows = []
     for trial in tuner.oracle.trials.values():
-        if trial.status != "COMPLETED" or not trial.metrics.exists("val_accuracy"):
+        # A trial whose objective is NaN (a diverged loss under the
+        # train_loss objective) ends FAILED with its metrics recorded.
+        if trial.status not in ("COMPLETED", "FAILED") or not trial.metrics.exists(
+                "val_accuracy"):
             continue
         values = trial.hyperparameters.values
         record = records.get(trial.trial_id, {})
