@@ -210,8 +210,9 @@ def _check_input_size(input_shape, family, block, stride_on_1x1, depth):
                          f"width of at least {minimum}.")
 
 
-def check_top(include_top, pooling, num_classes):
-    """``pooling`` and ``num_classes`` apply to one of the two model tops."""
+def check_top(include_top, pooling, num_classes, classifier_activation="softmax"):
+    """``pooling``, ``num_classes`` and ``classifier_activation`` apply to one
+    of the two model tops."""
     if include_top not in (True, False):
         raise ValueError(f"include_top={include_top!r} is not valid; expected True or False.")
     if pooling is not None:
@@ -222,6 +223,10 @@ def check_top(include_top, pooling, num_classes):
     if num_classes is not None and not include_top:
         raise ValueError(f"num_classes={num_classes!r} applies only with include_top=True "
                          f"(without the classifier the model returns features).")
+    if classifier_activation != "softmax" and not include_top:
+        raise ValueError(f"classifier_activation={classifier_activation!r} applies only with "
+                         f"include_top=True (without the classifier the model returns "
+                         f"features).")
 
 
 def pooled_features(x, pooling):
@@ -283,7 +288,7 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
     stage_mode, recompute = check_stage_mode(stage_mode, recompute)
     normalization = resolve_normalization(include_preprocessing, normalization,
                                           dataset=dataset, builder="resnet")
-    check_top(include_top, pooling, given_classes)
+    check_top(include_top, pooling, given_classes, classifier_activation)
     check_weights_path(weights)
     if keras.config.image_data_format() != "channels_last":
         raise ValueError("keras_identity models need keras.config.image_data_format() == "

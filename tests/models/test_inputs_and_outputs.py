@@ -62,6 +62,8 @@ def test_pooling_reduces_the_last_feature_map(pooling, reduce, cifar_pixels):
     (dict(pooling="avg"), ["pooling='avg' applies only with include_top=False"]),
     (dict(include_top=False, pooling="sum"), ["pooling='sum'", "'avg', 'max'"]),
     (dict(include_top=False, num_classes=100), ["num_classes=100 applies only"]),
+    (dict(include_top=False, classifier_activation=None),
+     ["classifier_activation=None applies only with include_top=True"]),
     (dict(normalization="scale"), ["applies only with include_preprocessing=True"]),
     (dict(include_preprocessing=True, normalization=3), ["normalization=3"]),
     (dict(weights="imagenet"), ["weights='imagenet'", ".keras or .weights.h5"]),
