@@ -8,7 +8,6 @@ from keras_identity_cli._common import constants
 from keras_identity_cli._common import define_backend_flag
 from keras_identity_cli._common import define_model_flags
 from keras_identity_cli._common import fail
-from keras_identity_cli._common import gated_shortcuts
 from keras_identity_cli._common import model_kwargs_from_flags
 from keras_identity_cli._common import one_line_flags_parser
 from keras_identity_cli._common import select_backend
@@ -20,7 +19,6 @@ __all__ = [
     "define_backend_flag",
     "define_model_flags",
     "fail",
-    "gated_shortcuts",
     "model_kwargs_from_flags",
     "one_line_flags_parser",
     "select_backend",

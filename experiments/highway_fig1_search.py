@@ -94,9 +94,6 @@ def summarize(net, result):
         "best": _format(result["best_row"]), "best_values": result["best"],
         "search_loss": result["best_row"]["best_train_loss"],
         "top_mean": statistics.mean(top) if top else float("nan"), "top_n": len(top),
-        "relu_trials": sum(1 for r in finite if r["activation"] == "relu"),
-        "tanh_in_top": sum(1 for r in sorted(finite, key=lambda r: r["best_train_loss"])[:TOP]
-                           if r["activation"] == "tanh"),
         "retrain_diverged": bool(retrain.get("diverged")),
         "retrain_loss": history[-1]["loss"],
         "retrain_test_error": retrain.get("test_error", float("nan")),

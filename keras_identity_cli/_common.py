@@ -83,17 +83,14 @@ def fail(message, code=1):
 
 
 # ------------------------------------------------------------- model flags
-def define_model_flags(shortcuts=None):
+def define_model_flags():
     """Defines the flags that set builder arguments (``registry.MODEL_FLAGS``)
-    and ``--model_kwargs``, with the choices the library accepts.
-
-    ``shortcuts`` narrows ``--shortcut``.
-    """
+    and ``--model_kwargs``, with the choices the library accepts."""
     from keras_identity import layers
     from keras_identity.models import STAGE_MODES
 
     flags.DEFINE_enum("unit", None, list(layers.UNITS), "Residual unit ordering (Fig. 4).")
-    flags.DEFINE_enum("shortcut", None, list(shortcuts or layers.SHORTCUTS),
+    flags.DEFINE_enum("shortcut", None, list(layers.SHORTCUTS),
                       "Shortcut (Fig. 2).")
     flags.DEFINE_enum("block", None, list(layers.BLOCKS), "Residual block.")
     flags.DEFINE_float("gate_bias_init", None, "Initial gate bias: b_g of gated shortcuts, "
@@ -154,12 +151,6 @@ def constants():
         DATASETS=facts.DATASETS, RECIPE_NAMES=recipes.RECIPE_NAMES,
         NORMALIZATIONS=normalization.MODES, AUGMENTATIONS=augment.AUGMENTATIONS,
         STRATEGIES=strategies.STRATEGIES, PRECISIONS=trainer.PRECISIONS)
-
-
-def gated_shortcuts():
-    from keras_identity import layers
-
-    return layers.GATED_SHORTCUTS
 
 
 def tune_objectives():

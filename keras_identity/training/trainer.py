@@ -153,10 +153,7 @@ class TrainConfig:
         # The builder's own checks, without building.
         registry.check_model_kwargs(self.model, self.depth, self.dataset, **self.model_kwargs)
         if self.lr_decay is not None:
-            recipe = self.resolved_recipe
-            if recipes_lib.get_recipe(recipe).schedule != "exponential":
-                raise ValueError(f"lr_decay applies to recipes with an exponential schedule "
-                                 f"(highway_mnist); recipe {recipe!r} decays in steps.")
+            self.check_exponential_schedule("lr_decay")
 
     @property
     def family(self):
@@ -177,6 +174,14 @@ class TrainConfig:
     def resolved_recipe(self):
         return self.recipe or recipes_lib.default_recipe(
             self.family, self.dataset, self.builder_arguments().get("architecture"))
+
+    def check_exponential_schedule(self, name):
+        """Raises ``ValueError`` (naming ``name``, a decay factor's flag)
+        unless the recipe decays its learning rate exponentially."""
+        recipe = self.resolved_recipe
+        if recipes_lib.get_recipe(recipe).schedule != "exponential":
+            raise ValueError(f"{name} applies to recipes with an exponential schedule "
+                             f"(highway_mnist); recipe {recipe!r} decays in steps.")
 
     def get_recipe(self):
         """The recipe this configuration trains with (``lr_decay`` applied)."""

@@ -21,7 +21,6 @@ import keras_tuner
 from keras_identity import _checks
 from keras_identity.layers.residual import GATED_SHORTCUTS
 from keras_identity.models import registry
-from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import trainer
 
 DEFAULT_GATE_BIASES = tuple(float(b) for b in range(0, -11, -1))  # 0, -1, ..., -10
@@ -75,6 +74,15 @@ def parse_range(name, text, log=False):
     if log and low <= 0:
         raise ValueError(f"{name}={text!r} is not valid; a log-uniform range needs low > 0.")
     return Range(low, high, log)
+
+
+def dimension_values(name, values):
+    """A dimension's values in their type (``depth`` int, ``activation``
+    str, the others float), or its :class:`Range` unchanged."""
+    if isinstance(values, Range):
+        return values
+    convert = {"depth": int, "activation": str}.get(name, float)
+    return tuple(convert(v) for v in values)
 
 
 def has_gate_bias(config):
@@ -147,20 +155,12 @@ def _check_space(config, space):
             _checks.check_choice("activations", value, ("relu", "tanh"))
     for name, limits in _LIMITS.items():
         values = space.get(name)
-        if isinstance(values, Range):
-            for value in (values.low, values.high):
-                _checks.check_range(FLAG_NAMES[name], value, **limits)
-        else:
-            for value in values or ():
-                _checks.check_range(FLAG_NAMES[name], value, **limits)
+        for value in (values.low, values.high) if isinstance(values, Range) else values or ():
+            _checks.check_range(FLAG_NAMES[name], value, **limits)
     for value in space.get("depth") or ():
         _checks.check_positive_int("depths", value)
     if "lr_decay" in space:
-        recipe = config.resolved_recipe
-        if recipes_lib.get_recipe(recipe).schedule != "exponential":
-            raise trainer.ConfigError(
-                f"lr_decays applies to recipes with an exponential schedule (highway_mnist); "
-                f"recipe {recipe!r} decays in steps.")
+        config.check_exponential_schedule("lr_decays")
 
 
 class TrainingHyperModel(keras_tuner.HyperModel):
@@ -194,17 +194,8 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         self.recipe = recipe
         self.schedule = schedule
         self.normalization = normalization
-        self.space = {}
-        for name in DIMENSIONS:
-            values = space.get(name)
-            if values is None or isinstance(values, Range):
-                if values is not None:
-                    self.space[name] = values
-                continue
-            if not values:
-                continue
-            convert = {"depth": int, "activation": str}.get(name, float)
-            self.space[name] = tuple(convert(v) for v in values)
+        self.space = {name: dimension_values(name, space[name]) for name in DIMENSIONS
+                      if isinstance(space.get(name), Range) or space.get(name)}
         for depth in self.space.get("depth", ()):
             dataclasses.replace(config, depth=depth).validate()
 

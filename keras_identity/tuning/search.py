@@ -25,6 +25,7 @@ from keras_identity.tuning.hypermodel import FLAG_NAMES
 from keras_identity.tuning.hypermodel import Range
 from keras_identity.tuning.hypermodel import TrainingHyperModel
 from keras_identity.tuning.hypermodel import apply_values
+from keras_identity.tuning.hypermodel import dimension_values
 from keras_identity.tuning.hypermodel import check_tunable
 from keras_identity.tuning.hypermodel import gate_bias_fixed
 from keras_identity.tuning.hypermodel import has_gate_bias
@@ -38,7 +39,6 @@ OBJECTIVES = {
     "train_error": keras_tuner.Objective("accuracy", direction="max"),
     "train_loss": keras_tuner.Objective("cross_entropy", direction="min"),
 }
-OBJECTIVE = OBJECTIVES["val_error"]
 
 
 RECORDS = "records_per_trial.json"
@@ -406,11 +406,8 @@ def search_identity(search, data, recipe):
     space = search.space
 
     def dimension(name):
-        values = space.get(name)
-        if isinstance(values, Range):
-            return values.describe()
-        convert = {"depth": int, "activation": str}.get(name, float)
-        return [convert(v) for v in values or ()]
+        values = dimension_values(name, space.get(name, ()))
+        return values.describe() if isinstance(values, Range) else list(values)
 
     identity = {
         "tuner": search.tuner,
