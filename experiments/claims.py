@@ -78,6 +78,19 @@ CLAIMS = (
           "resnet_ablations_20.md", _ABLATIONS_CPU,
           "ResNet-20, 800 iterations (2 epochs), 3 seeds, cases (a), (c), (e)",
           _ablations_110("2"), "5 cases x 5 seeds; " + _GPU_110),
+    Claim("he_gating_units", "He et al. 2016, Table 1 against Srivastava (2025)",
+          "Exclusive gating (b_g = -6) trains worse than the identity shortcut; Srivastava "
+          "(2025) argues this follows from the paper's design choices (e.g. the ReLU after "
+          "the gated sum).", "exclusive b_g=-6 8.70% vs identity 6.61% (ResNet-110, "
+          "original unit)", "resnet_gating_20.md",
+          ("experiments.resnet_ablations", DATA, "--depth=20", "--train_steps=800",
+           "--seeds=0,1,2", "--tables=gating", "--run_dir=runs/reproduce/resnet_ablations",
+           "--report=resnet_gating_20.md"),
+          "ResNet-20, 800 iterations (2 epochs), 3 seeds, gated and identity shortcuts in "
+          "units (a), (c), (e)",
+          ("experiments.resnet_ablations", DATA, "--depth=110", "--seeds=0,1,2,3,4",
+           "--tables=gating", "--run_dir=runs/reproduce/resnet_ablations_110",
+           "--report=resnet_gating_110.md"), "6 cases x 5 seeds; " + _GPU_110),
     Claim("he_table2_164", "He et al. 2016, Tables 2 and 3 (ResNet-164)",
           "Full pre-activation improves the bottleneck ResNet-164.",
           "original 5.93%, pre-activation 5.46%", None, None, "GPU only",

@@ -28,3 +28,35 @@ def test_verdict(case, claim, expected):
 
 def test_one_seed_is_not_judged():
     assert verdict(rows(0.5), rows(0.3), "worse") == "cannot be judged (one seed)"
+
+
+def test_gated_cases_are_compared_with_identity_in_their_own_unit():
+    from experiments.resnet_ablations import GATING
+    from experiments.resnet_ablations import TABLE2
+    from experiments.resnet_ablations import reference
+
+    table2 = {key: unit for key, *_, unit in TABLE2}
+    for key, _, _, ref, kwargs in GATING:
+        assert reference(key) == ref
+        # The gated case differs from its reference only by the shortcut.
+        assert kwargs.get("unit", "original") == table2[ref]
+        assert kwargs["shortcut"] == "exclusive_gating" and kwargs["gate_bias_init"] == -6.0
+    assert reference("scale05") == "original" and reference("full_preactivation") == "original"
+    # Its verdict is against that reference, not the original unit.
+    assert verdict(rows(0.50, 0.52, 0.51), rows(0.40, 0.41, 0.42), "worse") == "reproduces"
+
+
+def test_gating_case_without_its_reference_is_refused():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.resnet_ablations", "--tables=gating",
+         "--cases=original,exclusive6_full_preactivation"], cwd=REPO, text=True,
+        capture_output=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "--cases must include original, full_preactivation: every case is compared with "
+        "the identity shortcut in its unit")
