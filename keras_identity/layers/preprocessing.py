@@ -31,7 +31,8 @@ class ImageNormalization(keras.layers.Layer):
     ``clone_model`` and exports carry them); give them as ``mean``/``std``
     or compute them from training images with :meth:`adapt` before the
     model is first called.  Computation is in float32 whatever the dtype
-    policy; the output is cast to the layer's compute dtype.
+    policy, on the inputs as given (not autocast to a mixed policy's
+    bfloat16/float16); the output is cast to the layer's compute dtype.
 
     Args:
         mode: one of ``"per_pixel_mean"``, ``"per_channel"``, ``"scale"``.
@@ -41,6 +42,9 @@ class ImageNormalization(keras.layers.Layer):
     """
 
     def __init__(self, mode="scale", mean=None, std=None, **kwargs):
+        # Pixel values reach call() as given: under a mixed policy Keras would
+        # otherwise cast float inputs to bfloat16 first (127.7 -> 127.5).
+        kwargs["autocast"] = False
         super().__init__(**kwargs)
         self.set_normalization(Normalization(mode, mean, std))
 

@@ -109,6 +109,18 @@ def test_mixed_precision_normalises_in_float32_and_outputs_the_compute_dtype(ima
                                expected, atol=0.02)
 
 
+def test_mixed_precision_does_not_round_float_pixels_before_normalising():
+    # 127.7 in bfloat16 is 127.5, which the mean 127.5/255 would cancel to 0.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = ImageNormalization("per_channel", mean=np.array([0.5], np.float32),
+                               std=np.array([0.001], np.float32))
+    out = layer(np.full((1, 2, 2, 1), 127.7, np.float32))
+    expected = (127.7 / 255.0 - 0.5) / 0.001   # 0.784
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(out, "float32")),
+                               expected, rtol=0.01)
+    assert "autocast" not in layer.get_config()
+
+
 def test_model_inputs_feeds_pixels_or_the_runs_normalisation(images):
     norm = Normalization.from_images("per_channel", images)
     inputs = keras.Input((6, 5, 3))
