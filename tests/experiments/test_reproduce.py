@@ -27,6 +27,12 @@ def test_highway_table1_smoke_run_writes_mean_and_std_per_width(tmp_path):
     assert "a shortened run (1 epochs, 512 training images), not the paper's scale" in report
     row = next(line for line in report.splitlines() if line.startswith("| 16 |"))
     assert "37,450 (39K)" in row and "| 2 |" in row and " ± " in row and "99.43" in row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 8
+    # The last column is our mean against the paper's mean (99.4).
+    mean = float(cells[3].split(" ± ")[0])
+    assert abs(float(cells[7]) - (mean - 99.4)) < 0.011
+    assert 0.0 <= float(cells[5]) <= 100.0     # the mean final training error
     assert (tmp_path / "runs" / "highway_table1" / "width16_seed1" / "model.keras").exists()
     again = run(*args)  # finished runs are reused, not trained again
     assert again.returncode == 0 and "the run is already complete" in again.stdout
