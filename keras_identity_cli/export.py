@@ -37,6 +37,14 @@ flags.DEFINE_string("model_name", None, "Model name of the warm-up requests (def
                     "export directory's name).")
 flags.DEFINE_bool("float32", False, "Serve a mixed-precision model in float32.")
 flags.DEFINE_bool("warmup", True, "Write assets.extra/tf_serving_warmup_requests.")
+flags.DEFINE_integer("image_size", None, "Side of the square images served, for a model "
+                     "whose input size is not fixed (e.g. input_shape=(None, None, 3)): "
+                     "serving_bytes resizes and crops to it (default: the "
+                     "preprocessing.json's image_shape).")
+flags.DEFINE_integer("eval_resize", None, "serving_bytes resizes an image's shorter side to "
+                     "this, then crops the centre to the input size (ImageNet: 256 for 224, "
+                     "or 320 at 320; default: the preprocessing.json's, else the input "
+                     "height).")
 flags.DEFINE_bool("overwrite", False, "Replace an existing version.")
 flags.DEFINE_integer("max_image_bytes", 20 * 2 ** 20, "serving_bytes refuses an encoded image "
                      "larger than this (InvalidArgument).")
@@ -83,6 +91,7 @@ def main(argv):
         except (OSError, ValueError, KeyError, TypeError) as error:
             _cli.fail(f"not a readable preprocessing file: {preprocessing_path} "
                       f"({type(error).__name__}: {error})", 2)
+    preprocessing = _with_image_size(model, preprocessing)
     name = FLAGS.model_name or os.path.basename(os.path.normpath(FLAGS.export_dir))
     try:
         version_dir = export_saved_model(
@@ -101,6 +110,46 @@ def main(argv):
     print(f"serve with: tensorflow_model_server --model_name={name} "
           f"--model_base_path={os.path.abspath(FLAGS.export_dir)} --port=8500 "
           f"--rest_api_port=8501")
+
+
+def _with_image_size(model, preprocessing):
+    """``preprocessing`` with the --image_size and --eval_resize given (a
+    flag that contradicts the model's input or the preprocessing.json is
+    refused)."""
+    _, height, width, channels = model.input_shape
+    if FLAGS.image_size is None and FLAGS.eval_resize is None:
+        if None in (height, width) and not (preprocessing or {}).get("image_shape"):
+            _cli.fail(f"the model's input {tuple(model.input_shape[1:])} has no fixed height "
+                      f"and width; give the size of the images served with --image_size", 2)
+        return preprocessing
+    preprocessing = dict(preprocessing or {})
+    if FLAGS.image_size is not None:
+        size = FLAGS.image_size
+        if size < 1:
+            _cli.fail(f"--image_size={size} is not valid; expected an integer >= 1", 2)
+        if any(fixed is not None and fixed != size for fixed in (height, width)):
+            _cli.fail(f"--image_size={size} does not fit the model's input "
+                      f"{tuple(model.input_shape[1:])}; it applies to inputs of any size", 2)
+        known = preprocessing.get("image_shape")
+        if known and tuple(known[:2]) != (size, size):
+            _cli.fail(f"--image_size={size} contradicts the preprocessing file's "
+                      f"image_shape {tuple(known)}; drop one of them", 2)
+        preprocessing["image_shape"] = (size, size, channels)
+    out_height = height or (preprocessing.get("image_shape") or (None,))[0]
+    if FLAGS.eval_resize is not None:
+        if out_height is None:
+            _cli.fail("--eval_resize needs the served image size: the model's input has "
+                      "none; give --image_size too", 2)
+        if FLAGS.eval_resize < out_height:
+            _cli.fail(f"--eval_resize={FLAGS.eval_resize} is not valid; expected an integer "
+                      f">= the served image height {out_height} (the crop is taken from "
+                      f"the resized image)", 2)
+        known = preprocessing.get("eval_resize")
+        if known and known != FLAGS.eval_resize:
+            _cli.fail(f"--eval_resize={FLAGS.eval_resize} contradicts the preprocessing "
+                      f"file's eval_resize {known}; drop one of them", 2)
+        preprocessing["eval_resize"] = FLAGS.eval_resize
+    return preprocessing
 
 
 def run():

@@ -103,6 +103,50 @@ def test_a_model_saved_from_python_exports_with_the_cli(tmp_path):
                                           "inputs.txt").read_text()
 
 
+def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_path):
+    """--image_size and --eval_resize give serving_bytes the size a model
+    with input (None, None, 3) has no preprocessing.json to say."""
+    import keras
+    import tensorflow as tf
+
+    import keras_identity as ki
+    from keras_identity.data.augment import center_crop
+
+    ki.models.resnet(depth=8, dataset="cifar10", input_shape=(None, None, 3),
+                     include_preprocessing=False).save(tmp_path / "any.keras")
+    model_path = f"--model_path={tmp_path / 'any.keras'}"
+    missing = run_module("export.export_saved_model", model_path,
+                         f"--export_dir={tmp_path / 'x'}")
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith(
+        "has no fixed height and width; give the size of the images served with "
+        "--image_size")
+    result = run_module("export.export_saved_model", model_path, "--image_size=40",
+                        "--eval_resize=48", f"--export_dir={tmp_path / 's'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    image = np.random.default_rng(5).integers(0, 256, (64, 50, 3)).astype(np.uint8)
+    served = tf.saved_model.load(str(tmp_path / "s" / "1")).signatures["serving_bytes"](
+        image_bytes=tf.constant([encode_png(image)]))
+    # Shorter side (50) to 48, then the central 40x40.
+    crop = center_crop(tf.constant(image), 48, 40).numpy()
+    assert crop.shape == (40, 40, 3)
+    expected = keras.models.load_model(tmp_path / "any.keras").predict(crop[None], verbose=0)
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image_size=40"], "--image_size=40 does not fit the model's input (32, 32, 3)"),
+    (["--image_size=0"], "--image_size=0 is not valid"),
+    (["--eval_resize=16"], "--eval_resize=16 is not valid; expected an integer >= the served "
+                           "image height 32"),
+])
+def test_image_size_flags_that_do_not_apply_are_refused(trained_run, tmp_path, args, message):
+    result = run_module("export.export_saved_model",
+                        f"--model_path={trained_run / 'r8' / 'model.keras'}",
+                        f"--export_dir={tmp_path / 's'}", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-500:]
+    assert not (tmp_path / "s").exists()
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
