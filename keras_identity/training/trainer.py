@@ -250,6 +250,18 @@ def resolve_steps_per_execution(requested, schedule, tpu):
     return max(d for d in range(1, wanted + 1) if per_epoch % d == 0 and total % d == 0)
 
 
+def steps_per_execution_note(resolved, requested, schedule, tpu):
+    """A line saying why a TPU run makes fewer than 32 steps per compiled
+    call (no larger divisor of the epoch and the run), or ``None``."""
+    if not tpu or requested is not None or resolved >= TPU_STEPS_PER_EXECUTION:
+        return None
+    return (f"note: {resolved} step{'s' if resolved > 1 else ''} per execution on the TPU, "
+            f"not {TPU_STEPS_PER_EXECUTION}: no larger divisor of the epoch "
+            f"({schedule.steps_per_epoch} steps) and the run ({schedule.total_steps} steps) "
+            f"is at most {TPU_STEPS_PER_EXECUTION}; --steps_per_epoch and a length divisible "
+            f"by {TPU_STEPS_PER_EXECUTION} save host round trips")
+
+
 def check_distributed_step(config, strategy, steps_per_execution):
     """Refuses what Keras 3's TensorFlow trainer cannot run on several
     replicas of a ``MirroredStrategy``/``MultiWorkerMirroredStrategy``: it
@@ -593,6 +605,10 @@ def train(config, print_fn=print, strategy=None):
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")
+    note = steps_per_execution_note(run.steps_per_execution, config.steps_per_execution,
+                                    schedule, strategies.is_tpu(strategy))
+    if note:
+        print_fn(note)
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
                  f"in {checkpointer.directory}")

@@ -93,3 +93,12 @@ def test_steps_per_execution_is_32_on_a_tpu_and_divides_the_epoch_and_the_run():
     assert resolve_steps_per_execution(16, schedule(128, 1280), False) == 16
     with pytest.raises(ValueError, match="steps_per_execution=10 is not valid: it must divide"):
         resolve_steps_per_execution(10, schedule(128, 1280), False)
+    # Fewer than 32 on a TPU is said, with the fix.
+    from keras_identity.training.trainer import steps_per_execution_note
+
+    note = steps_per_execution_note(7, None, schedule(7, 21), True)
+    assert note.startswith("note: 7 steps per execution on the TPU, not 32: no larger divisor "
+                           "of the epoch (7 steps) and the run (21 steps)")
+    assert steps_per_execution_note(32, None, schedule(128, 1280), True) is None
+    assert steps_per_execution_note(1, None, schedule(7, 21), False) is None
+    assert steps_per_execution_note(7, 7, schedule(7, 21), True) is None   # asked for
