@@ -44,8 +44,8 @@ flags.DEFINE_integer("batch_size", None, "Global batch size (default: the recipe
 flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the paper: median of 5 runs).")
 flags.DEFINE_list("tables", ["1", "2"], "Which tables to run: 1, 2 and gating (exclusive "
                   "gating at b_g = -6 in three unit orderings).")
-flags.DEFINE_list("cases", None, "Only these cases (keys of TABLE1/TABLE2, e.g. original,"
-                  "scale05,full_preactivation); default: every case of --tables.")
+flags.DEFINE_list("cases", None, "Only these cases (keys of TABLE1, TABLE2 and GATING, e.g. "
+                  "original,scale05,full_preactivation); default: every case of --tables.")
 flags.DEFINE_string("run_dir", "runs/ablations", "Directory of the individual runs.")
 flags.DEFINE_string("report", None, "Report name under docs/results/ (default: "
                     "resnet_ablations_<depth>.md).")
@@ -192,6 +192,44 @@ def _cell(rows):
     return f"{100 * mean:.2f}{spread} [{text}]{note}", f"{loss:.3f}"
 
 
+def judge(results, key, claim):
+    """The verdict on ``claim`` for case ``key`` of ``results`` (case -> rows)
+    against its reference (:func:`reference`), or "" when that did not run."""
+    if key == "original":
+        return "(reference)"
+    if reference(key) not in results:
+        return ""
+    return verdict(results[key], results[reference(key)], claim)
+
+
+def gating_section(results):
+    """The report's section on exclusive gating in three units (empty when no
+    gated case ran beside its reference)."""
+    rows = [(key, unit, fig, ref) for key, unit, fig, ref, _ in GATING
+            if key in results and ref in results]
+    if not rows:
+        return ""
+    text = ("\n## Gating across units: does Table 1's verdict on gates depend on the "
+            "unit?\n\nExclusive gating, `y = (1 - g(x)) x + g(x) F(x)` with b_g = -6 (the "
+            "paper: 8.70% against identity's 6.61% in the original unit, ResNet-110), "
+            "against the identity shortcut in the same unit. Srivastava (2025) argues "
+            "that the paper's conclusion about gates comes from its design choices; one of "
+            "them is testable with this package's units: his highway block has no ReLU "
+            "after the gated sum (as in (c)), while the paper's has (a). His gate is also "
+            "computed by two 3x3 convolutions with BN rather than a 1x1 convolution; that "
+            "gate is not a layer of this package and is not compared here. Verdict: on "
+            "the paper's claim that the gated unit is worse than the identity one.\n\n"
+            "| unit | Fig. | identity: test error (%) | exclusive gating b_g = -6: test "
+            "error (%) | gated: train loss | verdict |\n"
+            "| --- | --- | --- | --- | --- | --- |\n")
+    for key, unit, fig, ref in rows:
+        error, loss = _cell(results[key])
+        ref_error, _ = _cell(results[ref])
+        text += (f"| {unit} | {fig} | {ref_error} | {error} | {loss} | "
+                 f"{judge(results, key, 'worse')} |\n")
+    return text
+
+
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
@@ -225,7 +263,7 @@ def main(argv):
         if "original" not in FLAGS.cases or missing:
             needed = ", ".join(["original"] + missing)
             _cli.fail(f"--cases must include {needed}: every case is compared with the "
-                      f"identity shortcut in its unit", 2)
+                      f"identity shortcut in its unit, and every unit with the original", 2)
         wanted = {key: wanted[key] for key in wanted if key in FLAGS.cases}
     results = {}
     for key, kwargs in wanted.items():
@@ -236,23 +274,25 @@ def main(argv):
     original = results.get("original")
 
     def judged(key, claim):
-        if key == "original":
-            return "(reference)"
-        if reference(key) not in results:
-            return ""
-        return verdict(results[key], results[reference(key)], claim)
+        return judge(results, key, claim)
 
     def mean_error(key):
         mean, std, _ = _stats(results[key], "test_error")
         return f"{100 * mean:.1f}" + (f" ± {100 * std:.1f}%" if std == std else "%")
 
+    def against(key):
+        ref = reference(key)
+        return "" if ref == "original" else f"against {ref}: "
+
     summary = (f"ResNet-{FLAGS.depth}, {len(seeds)} seeds: original {mean_error('original')}; "
-               + "; ".join([f"{key} {mean_error(key)} ({judged(key, CLAIMS.get(key, 'worse'))})"
+               + "; ".join([f"{key} {mean_error(key)} ({against(key)}"
+                            f"{judged(key, CLAIMS.get(key, 'worse'))})"
                             for key in results if key != "original"] or ["no other case"])
                if original is not None else None)
-    tables = [t for t in ("1", "2") if t in FLAGS.tables]
-    title = (f"Table{'s' if len(tables) > 1 else ''} {' and '.join(tables)}" if tables else
-             "Table 1's exclusive gating in three units")
+    titles = [f"Table {t}" for t in ("1", "2") if t in FLAGS.tables]
+    if "gating" in FLAGS.tables:
+        titles.append("Table 1's exclusive gating in three units")
+    title = " and ".join(titles)
     text = _report.header(f"He et al. (2016) {title} on CIFAR-10: ResNet-{FLAGS.depth}",
                           summary=summary)
     text += (f"\nResNet-{FLAGS.depth} (the paper: ResNet-110 for Table 1, ResNet-110 and "
@@ -261,8 +301,9 @@ def main(argv):
              f"Ours: test error, mean ± std over the seeds with each seed's in brackets, and "
              f"the mean training loss at the end. The paper's numbers are medians of 5 runs "
              f"of the full recipe. **Verdict**: the paper's claim against the original unit "
-             f"counts as reproduced when the seeds' test errors do not overlap and lie on "
-             f"the paper's side.\n")
+             f"(for the gating cases: against the identity shortcut in the same unit) counts "
+             f"as reproduced when the seeds' test errors do not overlap and lie on the "
+             f"paper's side.\n")
 
     if "1" in FLAGS.tables and any(k in results for k, *_ in TABLE1 if k != "original"):
         text += ("\n## Table 1: shortcuts (all units original, Fig. 4(a))\n\n| case | Fig. | on "
@@ -282,27 +323,8 @@ def main(argv):
                 error, loss = _cell(results[key])
                 text += (f"| {case} | {fig} | {p110} | {p164} | {error} | {loss} | "
                          f"{judged(key, CLAIMS.get(key, 'worse'))} |\n")
-    if "gating" in FLAGS.tables and any(k in results and ref in results
-                                        for k, _, _, ref, _ in GATING):
-        text += ("\n## Gating across units: does Table 1's verdict on gates depend on the "
-                 "unit?\n\nExclusive gating, `y = (1 - g(x)) x + g(x) F(x)` with b_g = -6 (the "
-                 "paper: 8.70% against identity's 6.61% in the original unit, ResNet-110), "
-                 "against the identity shortcut in the same unit. Srivastava (2025) argues "
-                 "that the paper's conclusion about gates comes from its design choices; one of "
-                 "them is testable with this package's units: his highway block has no ReLU "
-                 "after the gated sum (as in (c)), while the paper's has (a). His gate is also "
-                 "computed by two 3x3 convolutions with BN rather than a 1x1 convolution; that "
-                 "gate is not a layer of this package and is not compared here. Verdict: on "
-                 "the paper's claim that the gated unit is worse than the identity one.\n\n"
-                 "| unit | Fig. | identity: test error (%) | exclusive gating b_g = -6: test "
-                 "error (%) | gated: train loss | verdict |\n"
-                 "| --- | --- | --- | --- | --- | --- |\n")
-        for key, unit, fig, ref, _ in GATING:
-            if key in results and ref in results:
-                error, loss = _cell(results[key])
-                ref_error, _ = _cell(results[ref])
-                text += (f"| {unit} | {fig} | {ref_error} | {error} | {loss} | "
-                         f"{judged(key, 'worse')} |\n")
+    if "gating" in FLAGS.tables:
+        text += gating_section(results)
     summary = {key: {"test_errors": [r["test_error"] for r in rows],
                      "losses": [r["loss"] for r in rows],
                      "verdict": judged(key, CLAIMS.get(key, "worse"))}

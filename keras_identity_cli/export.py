@@ -135,6 +135,8 @@ def _with_image_size(model, preprocessing):
             _cli.fail(f"--image_size={size} contradicts the preprocessing file's "
                       f"image_shape {tuple(known)}; drop one of them", 2)
         preprocessing["image_shape"] = (size, size, channels)
+    elif None not in (height, width) and not preprocessing.get("image_shape"):
+        preprocessing["image_shape"] = (height, width, channels)   # the fixed input size
     out_height = height or (preprocessing.get("image_shape") or (None,))[0]
     if FLAGS.eval_resize is not None:
         if out_height is None:

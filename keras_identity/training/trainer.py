@@ -258,8 +258,9 @@ def steps_per_execution_note(resolved, requested, schedule, tpu):
     return (f"note: {resolved} step{'s' if resolved > 1 else ''} per execution on the TPU, "
             f"not {TPU_STEPS_PER_EXECUTION}: no larger divisor of the epoch "
             f"({schedule.steps_per_epoch} steps) and the run ({schedule.total_steps} steps) "
-            f"is at most {TPU_STEPS_PER_EXECUTION}; --steps_per_epoch and a length divisible "
-            f"by {TPU_STEPS_PER_EXECUTION} save host round trips")
+            f"is at most {TPU_STEPS_PER_EXECUTION}; a --steps_per_epoch and a run length "
+            f"(--train_steps or --epochs) divisible by {TPU_STEPS_PER_EXECUTION} save host "
+            f"round trips")
 
 
 def check_distributed_step(config, strategy, steps_per_execution):

@@ -42,8 +42,29 @@ def test_gated_cases_are_compared_with_identity_in_their_own_unit():
         assert kwargs.get("unit", "original") == table2[ref]
         assert kwargs["shortcut"] == "exclusive_gating" and kwargs["gate_bias_init"] == -6.0
     assert reference("scale05") == "original" and reference("full_preactivation") == "original"
-    # Its verdict is against that reference, not the original unit.
-    assert verdict(rows(0.50, 0.52, 0.51), rows(0.40, 0.41, 0.42), "worse") == "reproduces"
+
+
+def test_gating_section_judges_each_gated_unit_against_identity_in_that_unit():
+    from experiments.resnet_ablations import gating_section
+    from experiments.resnet_ablations import judge
+
+    results = {"original": rows(0.30, 0.31, 0.32),
+               "full_preactivation": rows(0.50, 0.51, 0.52),
+               # Worse than the original unit, better than identity in its own unit.
+               "exclusive6_full_preactivation": rows(0.40, 0.41, 0.42),
+               "exclusive6": rows(0.35, 0.36, 0.37)}
+    assert judge(results, "exclusive6_full_preactivation", "worse") == "contradicted (better)"
+    assert judge(results, "exclusive6", "worse") == "reproduces"
+    assert judge(results, "exclusive6_relu_before_addition", "worse") == ""   # no reference
+    text = gating_section(results)
+    table = [line for line in text.splitlines() if line.startswith("| ") and
+             not line.startswith("| unit") and not line.startswith("| ---")]
+    assert table == [
+        "| original | 4(a) | 31.00 ± 1.00 [30.0, 31.0, 32.0] | 36.00 ± 1.00 [35.0, 36.0, "
+        "37.0] | 1.000 | reproduces |",
+        "| full pre-activation | 4(e) | 51.00 ± 1.00 [50.0, 51.0, 52.0] | 41.00 ± 1.00 "
+        "[40.0, 41.0, 42.0] | 1.000 | contradicted (better) |"]
+    assert gating_section({"original": rows(0.3, 0.3)}) == ""
 
 
 def test_gating_case_without_its_reference_is_refused():
@@ -59,4 +80,4 @@ def test_gating_case_without_its_reference_is_refused():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(
         "--cases must include original, full_preactivation: every case is compared with "
-        "the identity shortcut in its unit")
+        "the identity shortcut in its unit, and every unit with the original")

@@ -133,6 +133,46 @@ def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_p
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
 
 
+def test_eval_resize_alone_applies_to_a_fixed_size_model_without_preprocessing_file(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    import keras_identity as ki
+    from keras_identity.data.augment import center_crop
+
+    ki.models.resnet(depth=8, dataset="cifar10").save(tmp_path / "fixed.keras")
+    result = run_module("export.export_saved_model", f"--model_path={tmp_path / 'fixed.keras'}",
+                        "--eval_resize=40", f"--export_dir={tmp_path / 's'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    image = np.random.default_rng(6).integers(0, 256, (64, 50, 3)).astype(np.uint8)
+    served = tf.saved_model.load(str(tmp_path / "s" / "1")).signatures["serving_bytes"](
+        image_bytes=tf.constant([encode_png(image)]))
+    crop = center_crop(tf.constant(image), 40, 32).numpy()
+    expected = keras.models.load_model(tmp_path / "fixed.keras").predict(crop[None], verbose=0)
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
+
+
+def test_image_size_contradicting_the_preprocessing_file_is_refused(tmp_path):
+    import keras_identity as ki
+    from keras_identity.data import Normalization
+    from keras_identity.data.normalization import save_preprocessing
+
+    ki.models.resnet(depth=8, dataset="cifar10", input_shape=(None, None, 3),
+                     include_preprocessing=False).save(tmp_path / "model.keras")
+    save_preprocessing(tmp_path / "preprocessing.json", dataset="cifar10",
+                       normalization=Normalization("scale"), image_shape=(48, 48, 3),
+                       class_names=[str(i) for i in range(10)], eval_resize=56)
+    for flag, message in (("--image_size=40", "--image_size=40 contradicts the preprocessing "
+                           "file's image_shape (48, 48, 3); drop one of them"),
+                          ("--eval_resize=64", "--eval_resize=64 contradicts the preprocessing "
+                           "file's eval_resize 56; drop one of them")):
+        result = run_module("export.export_saved_model",
+                            f"--model_path={tmp_path / 'model.keras'}", flag,
+                            f"--export_dir={tmp_path / 's'}")
+        assert result.returncode == 2, result.stderr[-500:]
+        assert result.stderr.strip().splitlines()[-1].endswith(message)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--image_size=40"], "--image_size=40 does not fit the model's input (32, 32, 3)"),
     (["--image_size=0"], "--image_size=0 is not valid"),
