@@ -153,7 +153,7 @@ CLAIMS = (
           "highway_table1_mnist.md", ("experiments.highway_table1", "--runs=3"),
           "the paper's: all of MNIST, 30 epochs, 3 runs a width (the paper: 5)",
           ("experiments.highway_table1", "--runs=5"),
-          "runs here: 15 min (width 16) and 50 min (width 32) a run"),
+          "runs here: about 15 min (width 16) and 35 min (width 32) a run"),
     Claim("highway_table2_cifar", "Srivastava et al. 2015, Table 2",
           "A 19-layer highway net trained in one stage matches Fitnet B on CIFAR-10.",
           "92.46% (92.28 ± 0.16)", None, None, "GPU only",
