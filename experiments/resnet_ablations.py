@@ -91,9 +91,12 @@ GATING = [
 TABLES = ("1", "2", "gating")
 
 
+_REFERENCES = {key: ref for key, _, _, ref, _ in GATING}
+
+
 def reference(key):
     """The case ``key`` is compared with: the identity shortcut in its unit."""
-    return {k: ref for k, _, _, ref, _ in GATING}.get(key, "original")
+    return _REFERENCES.get(key, "original")
 
 
 # The paper's claim for each case against the original unit: "worse", "better"
@@ -243,14 +246,12 @@ def main(argv):
         _cli.fail(f"--tables={','.join(FLAGS.tables)} is not valid; expected some of "
                   f"{', '.join(TABLES)}", 2)
     wanted = {}
+    table2 = {key: {"unit": unit} if unit != "original" else {} for key, *_, unit in TABLE2}
     if "1" in FLAGS.tables:
         wanted.update({key: kwargs for key, *_, kwargs in TABLE1})
     if "2" in FLAGS.tables:
-        wanted.update({key: {"unit": unit} if unit != "original" else {}
-                       for key, *_, unit in TABLE2})
+        wanted.update(table2)
     if "gating" in FLAGS.tables:
-        table2 = {key: {"unit": unit} if unit != "original" else {}
-                  for key, *_, unit in TABLE2}
         for key, _, _, ref, kwargs in GATING:
             wanted[ref] = table2[ref]
             wanted[key] = kwargs
@@ -331,7 +332,8 @@ def main(argv):
                for key, rows in results.items()}
     os.makedirs(FLAGS.run_dir, exist_ok=True)
     name = FLAGS.report or f"resnet_ablations_{FLAGS.depth}.md"
-    with open(os.path.join(FLAGS.run_dir, name.replace(".md", "_summary.json")), "w") as f:
+    stem = os.path.splitext(name)[0]
+    with open(os.path.join(FLAGS.run_dir, f"{stem}_summary.json"), "w") as f:
         json.dump({"depth": FLAGS.depth, "train_steps": FLAGS.train_steps, "seeds": seeds,
                    "cases": summary}, f, indent=1)
     from keras_identity.training import plot_runs
@@ -341,7 +343,6 @@ def main(argv):
         run = os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_{key}_seed{seeds[0]}")
         if os.path.exists(os.path.join(run, "history.json")):
             curves.append((key, run))
-    stem = name[:-len(".md")] if name.endswith(".md") else name
     figure = os.path.join(FLAGS.run_dir, f"{stem}_curves.png")
     if curves:
         plot_runs([r for _, r in curves], figure, labels=[k for k, _ in curves],

@@ -103,14 +103,27 @@ def test_a_model_saved_from_python_exports_with_the_cli(tmp_path):
                                           "inputs.txt").read_text()
 
 
-def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_path):
-    """--image_size and --eval_resize give serving_bytes the size a model
-    with input (None, None, 3) has no preprocessing.json to say."""
+def _assert_bytes_served_as_crop(version_dir, model_path, resize, crop):
+    """serving_bytes of a 64x50 PNG gives the model's prediction for the image
+    with its shorter side resized to ``resize`` and the central ``crop``."""
     import keras
     import tensorflow as tf
 
-    import keras_identity as ki
     from keras_identity.data.augment import center_crop
+
+    image = np.random.default_rng(5).integers(0, 256, (64, 50, 3)).astype(np.uint8)
+    served = tf.saved_model.load(str(version_dir)).signatures["serving_bytes"](
+        image_bytes=tf.constant([encode_png(image)]))
+    cropped = center_crop(tf.constant(image), resize, crop).numpy()
+    assert cropped.shape == (crop, crop, 3)
+    expected = keras.models.load_model(model_path).predict(cropped[None], verbose=0)
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
+
+
+def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_path):
+    """--image_size and --eval_resize give serving_bytes the size a model
+    with input (None, None, 3) has no preprocessing.json to say."""
+    import keras_identity as ki
 
     ki.models.resnet(depth=8, dataset="cifar10", input_shape=(None, None, 3),
                      include_preprocessing=False).save(tmp_path / "any.keras")
@@ -123,33 +136,20 @@ def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_p
     result = run_module("export.export_saved_model", model_path, "--image_size=40",
                         "--eval_resize=48", f"--export_dir={tmp_path / 's'}")
     assert result.returncode == 0, result.stderr[-2000:]
-    image = np.random.default_rng(5).integers(0, 256, (64, 50, 3)).astype(np.uint8)
-    served = tf.saved_model.load(str(tmp_path / "s" / "1")).signatures["serving_bytes"](
-        image_bytes=tf.constant([encode_png(image)]))
     # Shorter side (50) to 48, then the central 40x40.
-    crop = center_crop(tf.constant(image), 48, 40).numpy()
-    assert crop.shape == (40, 40, 3)
-    expected = keras.models.load_model(tmp_path / "any.keras").predict(crop[None], verbose=0)
-    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
+    _assert_bytes_served_as_crop(tmp_path / "s" / "1", tmp_path / "any.keras", resize=48,
+                                 crop=40)
 
 
 def test_eval_resize_alone_applies_to_a_fixed_size_model_without_preprocessing_file(tmp_path):
-    import keras
-    import tensorflow as tf
-
     import keras_identity as ki
-    from keras_identity.data.augment import center_crop
 
     ki.models.resnet(depth=8, dataset="cifar10").save(tmp_path / "fixed.keras")
     result = run_module("export.export_saved_model", f"--model_path={tmp_path / 'fixed.keras'}",
                         "--eval_resize=40", f"--export_dir={tmp_path / 's'}")
     assert result.returncode == 0, result.stderr[-2000:]
-    image = np.random.default_rng(6).integers(0, 256, (64, 50, 3)).astype(np.uint8)
-    served = tf.saved_model.load(str(tmp_path / "s" / "1")).signatures["serving_bytes"](
-        image_bytes=tf.constant([encode_png(image)]))
-    crop = center_crop(tf.constant(image), 40, 32).numpy()
-    expected = keras.models.load_model(tmp_path / "fixed.keras").predict(crop[None], verbose=0)
-    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5)
+    _assert_bytes_served_as_crop(tmp_path / "s" / "1", tmp_path / "fixed.keras", resize=40,
+                                 crop=32)
 
 
 def test_image_size_contradicting_the_preprocessing_file_is_refused(tmp_path):
