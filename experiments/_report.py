@@ -49,7 +49,9 @@ def copy_figure(path, name=None, directory=RESULTS):
     """Copies a PNG next to the reports; returns its Markdown image link."""
     os.makedirs(directory, exist_ok=True)
     name = name or os.path.basename(path)
-    shutil.copyfile(path, os.path.join(directory, name))
+    target = os.path.join(directory, name)
+    if os.path.abspath(path) != os.path.abspath(target):  # the run dir may be the report's
+        shutil.copyfile(path, target)
     return f"![{name}]({name})"
 
 

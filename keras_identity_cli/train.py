@@ -35,6 +35,9 @@ flags.DEFINE_integer("batch_size", None, "Global batch size (default: the recipe
                      "learning rate and iteration counts scale linearly).")
 flags.DEFINE_integer("epochs", None, "Train this many epochs (overrides the recipe's length).")
 flags.DEFINE_integer("train_steps", None, "Train this many iterations.")
+flags.DEFINE_integer("stop_at_step", None, "Stop at this step, resumable: the learning-rate "
+                     "schedule keeps the run's length (the start of a long run; a multiple "
+                     "of the epoch).")
 flags.DEFINE_integer("steps_per_epoch", None, "Iterations per epoch (default: one pass over "
                      "the training set); also the checkpoint interval.")
 flags.DEFINE_float("learning_rate", None, "Peak learning rate at this batch size.")
@@ -80,7 +83,7 @@ def config_from_flags():
     config = TrainConfig(
         model=FLAGS.model, depth=FLAGS.depth, model_kwargs=model_kwargs, dataset=FLAGS.dataset,
         data_dir=FLAGS.data_dir, recipe=FLAGS.recipe, batch_size=FLAGS.batch_size,
-        epochs=FLAGS.epochs, train_steps=FLAGS.train_steps,
+        epochs=FLAGS.epochs, train_steps=FLAGS.train_steps, stop_at_step=FLAGS.stop_at_step,
         steps_per_epoch=FLAGS.steps_per_epoch, learning_rate=FLAGS.learning_rate,
         momentum=FLAGS.momentum, weight_decay=FLAGS.weight_decay, lr_decay=FLAGS.lr_decay,
         warmup_steps=FLAGS.warmup_steps, normalization=FLAGS.normalization,

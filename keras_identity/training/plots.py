@@ -48,8 +48,10 @@ def load_history(run_dir):
         return json.load(f)
 
 
-def plot_runs(run_dirs, path, labels=None, title=""):
-    """Several runs on one plot (e.g. original vs pre-activation ResNet-1001)."""
+def plot_runs(run_dirs, path, labels=None, title="", log_loss=False):
+    """Several runs on one plot (e.g. original vs pre-activation ResNet-1001);
+    ``log_loss`` draws the training loss on a logarithmic axis (losses of
+    very different sizes, as at the start of Fig. 1)."""
     labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     if len(labels) != len(run_dirs):
         raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
@@ -60,4 +62,6 @@ def plot_runs(run_dirs, path, labels=None, title=""):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (run_dir, label) in enumerate(zip(run_dirs, labels)):
         _draw(ax_loss, ax_error, load_history(run_dir), colors[index % len(colors)], label)
+    if log_loss:
+        ax_loss.set_yscale("log")
     _finish(fig, ax_loss, ax_error, path, title)

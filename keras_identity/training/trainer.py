@@ -7,6 +7,7 @@ tuner and notebooks share them.
 
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -59,6 +60,9 @@ class TrainConfig:
     batch_size: int = None
     epochs: int = None
     train_steps: int = None
+    # Stop at this step of the schedule, resumable (the learning-rate schedule
+    # keeps the length of epochs/train_steps): the start of a long run.
+    stop_at_step: int = None
     steps_per_epoch: int = None
     learning_rate: float = None
     momentum: float = None
@@ -127,7 +131,7 @@ class TrainConfig:
                              f"{', '.join(repr(s) for s in strategies.STRATEGIES)}.")
         if self.recipe is not None:
             recipes_lib.get_recipe(self.recipe)
-        for name in ("batch_size", "epochs", "train_steps", "steps_per_epoch",
+        for name in ("batch_size", "epochs", "train_steps", "stop_at_step", "steps_per_epoch",
                      "train_examples", "test_examples", "steps_per_execution"):
             value = getattr(self, name)
             if value is not None:
@@ -452,6 +456,19 @@ def check_global_batch(schedule, strategy):
                          f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
 
 
+def check_stop_at_step(stop_at_step, schedule):
+    """A run stops at a checkpoint: ``stop_at_step`` must end an epoch."""
+    if stop_at_step is not None and stop_at_step % schedule.steps_per_epoch:
+        raise ValueError(f"stop_at_step={stop_at_step} is not valid; expected a multiple of "
+                         f"the epoch ({schedule.steps_per_epoch} steps, --steps_per_epoch), "
+                         f"so that the run stops at a checkpoint.")
+
+
+def stop_step(config, schedule):
+    """The step this invocation trains to: ``stop_at_step`` within the run's length."""
+    return min(schedule.total_steps, config.stop_at_step or schedule.total_steps)
+
+
 def _setup_precision_and_seed(config):
     keras.config.set_dtype_policy(config.precision)
     keras.utils.set_random_seed(config.seed)
@@ -498,6 +515,7 @@ def prepare(config, strategy=None):
             epochs=config.epochs, train_steps=config.train_steps,
             steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
         check_global_batch(schedule, strategy)
+        check_stop_at_step(config.stop_at_step, schedule)
         if data.in_memory and schedule.batch_size > data.num_train:
             raise ValueError(f"batch_size={schedule.batch_size} is not valid: the training set "
                              f"has {data.num_train:,} images; expected a global batch no "
@@ -591,6 +609,7 @@ def train(config, print_fn=print, strategy=None):
             if config.dataset == "imagenet" else None)
 
     start_step = state["step"] if state else 0
+    end_step = stop_step(config, schedule)
     history = state["history"] if state else []
     params = sum(int(w.numpy().size) for w in model.trainable_weights)
     per_execution = (f", {run.steps_per_execution} steps per execution"
@@ -606,6 +625,9 @@ def train(config, print_fn=print, strategy=None):
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")
+    if end_step < schedule.total_steps:
+        print_fn(f"stopping at step {end_step:,} of {schedule.total_steps:,} (--stop_at_step; "
+                 f"the same command with a larger one, or without it, continues the run)")
     note = steps_per_execution_note(run.steps_per_execution, config.steps_per_execution,
                                     schedule, strategies.is_tpu(strategy))
     if note:
@@ -648,17 +670,19 @@ def train(config, print_fn=print, strategy=None):
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None))
-    callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(schedule.total_steps),
+    callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(end_step),
                  recorder,
                  keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"),
                                              update_freq="epoch")]
-    if start_step < schedule.total_steps:
+    if start_step < end_step:
         with strategies.fit_scope(strategy):
-            model.fit(train_ds, epochs=schedule.epochs,
+            model.fit(train_ds, epochs=math.ceil(end_step / schedule.steps_per_epoch),
                       initial_epoch=start_step // schedule.steps_per_epoch,
                       steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
                       shuffle=False,
                       callbacks=callbacks, verbose=config.verbose if chief else 0)
+    elif end_step < schedule.total_steps:
+        print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
     else:
         print_fn(f"the run is already complete ({start_step} steps)")
     history = recorder.history

@@ -77,6 +77,34 @@ def test_repeatable_and_resume_is_exact(tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def test_stop_at_step_keeps_the_schedule_and_resumes_exactly(tmp_path):
+    # A stepwise recipe (lr /10 at 50% and 75% of the run): stopping at step 10
+    # of 20 must keep the drops at 10 and 15, not move them to 5 and 8.
+    base = dict(model="highway_net", depth=4, recipe="highway_mnist_conv", epochs=4,
+                train_examples=1_000, test_examples=200, steps_per_epoch=5, batch_size=50,
+                deterministic=True, seed=3, verbose=0)
+    straight = train(TrainConfig(model_dir=str(tmp_path / "a"), **base), quiet)
+    lines = []
+    first = train(TrainConfig(stop_at_step=10, model_dir=str(tmp_path / "b"), **base),
+                  lines.append)
+    assert first["steps"] == 10
+    assert any("stopping at step 10 of 20" in l for l in lines)
+    rates = [r["learning_rate"] for r in straight["history"]]
+    assert rates[0] == rates[1] > rates[2] > rates[3]
+    assert [r["learning_rate"] for r in first["history"]] == rates[:2]
+    again = []
+    train(TrainConfig(stop_at_step=10, model_dir=str(tmp_path / "b"), **base), again.append)
+    assert any("already at step 10" in l for l in again)
+    resumed = train(TrainConfig(model_dir=str(tmp_path / "b"), **base), quiet)
+    assert [r["loss"] for r in resumed["history"]] == [r["loss"] for r in straight["history"]]
+    a = keras.models.load_model(straight["model_path"]).get_weights()
+    b = keras.models.load_model(resumed["model_path"]).get_weights()
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ConfigError, match=r"stop_at_step=7 is not valid; expected a multiple "
+                                          r"of the epoch \(5 steps"):
+        train(TrainConfig(stop_at_step=7, model_dir=str(tmp_path / "c"), **base), quiet)
+
+
 def test_refuses_to_resume_with_other_flags(tmp_path):
     base = dict(model="highway_net", train_examples=200, test_examples=50, epochs=1,
                 verbose=0, model_dir=str(tmp_path))
