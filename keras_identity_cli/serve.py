@@ -14,10 +14,11 @@ timeout, and 400 for malformed requests (a bad or lying Content-Length,
 values a signature's dtype cannot hold).
 """
 
+import io
 import json
 import re
-import socket
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler
 from http.server import HTTPServer
@@ -35,13 +36,19 @@ flags.DEFINE_integer("workers", 4, "Threads answering REST requests.")
 flags.DEFINE_integer("max_queued", 256, "REST requests that may wait for a worker; more get "
                      "503.")
 flags.DEFINE_integer("backlog", 1024, "Listen backlog of the REST socket.")
-flags.DEFINE_float("read_timeout_s", 10.0, "Time a client has to send its request.")
+flags.DEFINE_float("read_timeout_s", 10.0, "Time a client has to send its whole request "
+                   "(request line, headers and body); 408 beyond.")
 
 
 class BoundedHTTPServer(HTTPServer):
-    """An HTTP server answering on a fixed pool of worker threads.
+    """An HTTP server that slow clients cannot hold up.
 
-    Accepted connections wait in a bounded queue; beyond ``max_queued`` the
+    Every accepted connection is read by a thread of its own, under one
+    deadline for the whole request (``read_timeout_s``: request line, headers
+    and body), and only a request read in full takes one of ``workers``
+    slots to run the model; so a client that trickles its bytes holds a
+    thread of its own for at most the deadline and no worker at all.  At most
+    ``workers + max_queued`` connections are open at once; beyond, the
     accepting thread answers 503 at once rather than letting the connection
     be reset.  ``request_queue_size`` is the listen backlog.
     """
@@ -50,12 +57,12 @@ class BoundedHTTPServer(HTTPServer):
 
     def __init__(self, address, handler, *, workers=4, max_queued=256, backlog=1024):
         self.request_queue_size = backlog
-        self._pool = futures.ThreadPoolExecutor(max_workers=workers)
-        self._slots = threading.BoundedSemaphore(workers + max_queued)
+        self.model_slots = threading.BoundedSemaphore(workers)
+        self._connections = threading.BoundedSemaphore(workers + max_queued)
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
+        if not self._connections.acquire(blocking=False):
             try:
                 body = b'{"error": "the server is busy; retry later"}'
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
@@ -66,7 +73,8 @@ class BoundedHTTPServer(HTTPServer):
                 pass
             self.shutdown_request(request)
             return
-        self._pool.submit(self._work, request, client_address)
+        threading.Thread(target=self._work, args=(request, client_address),
+                         daemon=True).start()
 
     def _work(self, request, client_address):
         try:
@@ -75,15 +83,63 @@ class BoundedHTTPServer(HTTPServer):
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
-            self._slots.release()
+            self._connections.release()
 
     def handle_error(self, request, client_address):
         pass
 
-    def server_close(self):
-        super().server_close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads under one deadline: each read may wait only for what
+    is left of it, so a client sending a byte at a time cannot stretch it."""
+
+    def __init__(self, connection, seconds):
+        self._connection = connection
+        self._deadline = time.monotonic() + seconds
+        self.timed_out = False
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self.timed_out = True
+            raise TimeoutError("the request was not complete within its deadline")
+        self._connection.settimeout(remaining)
+        try:
+            return self._connection.recv_into(buffer)
+        except TimeoutError:
+            self.timed_out = True
+            raise
+
+
 flags.mark_flag_as_required("model_base_path")
+
+
+_MODEL_URL = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|"
+                        r"/labels/(?P<label>[^/:]+))?(?P<verb>:predict|/metadata)?")
+
+
+def route(method, path, model_name, version):
+    """``(None, kind)`` for a request this server answers (kind: ``"status"``,
+    ``"metadata"`` or ``"predict"``), else ``(404, message)`` in TF Serving's
+    words."""
+    match = _MODEL_URL.fullmatch(path)
+    verb = match and match["verb"]
+    if not match or (method == "POST") != (verb == ":predict"):
+        return 404, f"Malformed request: {method} {path}"
+    name, asked, label = match["name"], match["version"], match["label"]
+    if label is not None:
+        return 404, f"Unrecognized servable version label: {label}"
+    if name != model_name or asked not in (None, str(version)):
+        if verb is None:  # the model status API
+            return 404, (f"Could not find version {asked} of model {name}" if asked
+                         and name == model_name else f"Could not find any versions of model "
+                         f"{name}")
+        spec = f"Specific({name}, {asked})" if asked else f"Latest({name})"
+        return 404, f"Servable not found for request: {spec}"
+    return None, {None: "status", "/metadata": "metadata", ":predict": "predict"}[verb]
 
 
 def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
@@ -91,12 +147,34 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
     from keras_identity.serving import rest
     from keras_identity.serving.emulator import InvalidArgument
 
-    prefix = f"/v1/models/{model_name}"
-
     class Handler(BaseHTTPRequestHandler):
-        timeout = read_timeout_s  # of every read from the client's socket
+        timeout = read_timeout_s
+
+        def setup(self):
+            super().setup()
+            self.rfile.close()
+            # One deadline for the whole request (see BoundedHTTPServer).
+            self._reader = _DeadlineReader(self.connection, read_timeout_s)
+            self.rfile = io.BufferedReader(self._reader)
+            self._answered = False
+
+        def handle(self):
+            super().handle()  # a timeout while reading ends it without an answer
+            if self._reader.timed_out and not self._answered:
+                body = json.dumps({"error": f"the request was not complete within "
+                                            f"{read_timeout_s:g} s (--read_timeout_s)"})
+                try:
+                    self.connection.settimeout(read_timeout_s)
+                    self.connection.sendall(
+                        f"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+                        .encode())
+                except OSError:
+                    pass
 
         def _send(self, code, body):
+            self._answered = True
+            self.connection.settimeout(read_timeout_s)  # a client that never reads
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -108,22 +186,37 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
             pass
 
         def do_GET(self):
-            if self.path == prefix:
+            code, kind = route("GET", self.path, model_name, version)
+            if code:
+                self._send(code, {"error": kind})
+            elif kind == "status":
                 self._send(200, {"model_version_status": [
                     {"version": str(version), "state": "AVAILABLE",
                      "status": {"error_code": "OK", "error_message": ""}}]})
-            elif self.path == prefix + "/metadata":
+            else:
                 sigs = {name: {"inputs": sorted(s.inputs), "outputs": sorted(s.outputs)}
                         for name, s in emulator.signature_defs.items()}
                 self._send(200, {"model_spec": {"name": model_name, "version": str(version)},
                                  "metadata": {"signature_def": sigs}})
-            else:
-                self._send(404, {"error": f"Malformed request: GET {self.path}"})
+
+        def _read_body(self, length):
+            """The body, or fewer bytes when the deadline passed first."""
+            chunks, size = [], 0
+            try:
+                while size < length:
+                    chunk = self.rfile.read1(min(length - size, 2 ** 20))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+            except TimeoutError:
+                pass
+            return b"".join(chunks)
 
         def do_POST(self):
-            paths = (prefix + ":predict", f"{prefix}/versions/{version}:predict")
-            if self.path not in paths:
-                self._send(404, {"error": f"Malformed request: POST {self.path}"})
+            code, message = route("POST", self.path, model_name, version)
+            if code:
+                self._send(code, {"error": message})
                 return
             declared = self.headers.get("Content-Length")
             if declared is None or not re.fullmatch(r"[0-9]{1,12}", declared.strip()):
@@ -135,19 +228,20 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
                 self._send(413, {"error": f"Content-Length {length} is over the server's "
                                           f"limit of {max_body_bytes} bytes"})
                 return
-            try:
-                raw = self.rfile.read(length)
-            except (socket.timeout, TimeoutError):
-                raw = b""
+            raw = self._read_body(length)
             if len(raw) < length:
                 self._send(400, {"error": f"the body has {len(raw)} bytes, fewer than its "
                                           f"Content-Length {length}"})
                 return
             try:
                 body = json.loads(raw or b"null")
-                self._send(200, rest.predict(emulator, body))
+                with self.server.model_slots:
+                    answer = rest.predict(emulator, body)
+                self._send(200, answer)
             except json.JSONDecodeError as error:
                 self._send(400, {"error": f"JSON Parse error: {error}"})
+            except RecursionError:
+                self._send(400, {"error": "JSON Parse error: the document nests too deeply"})
             except InvalidArgument as error:
                 self._send(400, {"error": error.message})
             except (ValueError, TypeError, OverflowError, KeyError) as error:

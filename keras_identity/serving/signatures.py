@@ -5,7 +5,8 @@ the top-k ``classes`` (int64), their ``scores`` (float32) and their
 ``class_names`` (string):
 
 * ``serving_default``: ``images``, float32 [N, H, W, C] pixel values in
-  [0, 255] (the model's input layout);
+  [0, 255] (the model's input layout); NaN, infinities and values outside
+  [0, 255] are refused with ``InvalidArgument`` (TF Serving: HTTP 400);
 * ``serving_bytes``: ``image_bytes``, string [N] of JPEG/PNG/GIF/BMP bytes
   (the ``_bytes`` suffix lets TF Serving's REST API accept
   ``{"b64": ...}``), decoded and resized/cropped as at evaluation time;
@@ -88,18 +89,36 @@ def input_description(model, preprocessing=None):
     """What the signatures feed ``model`` (one line, for the export log)."""
     from keras_identity.layers.preprocessing import find_preprocessing
 
+    refused = ("; serving_default refuses (InvalidArgument) values that are not finite or "
+               "lie outside [0, 255]")
     layer = find_preprocessing(model)
     if layer is not None:
         return (f"the model normalises its inputs itself (layer {layer.name!r}, "
-                f"{layer.mode}): every signature takes pixel values in [0, 255]")
+                f"{layer.mode}): every signature takes pixel values in [0, 255]" + refused)
     normalization = (preprocessing or {}).get("normalization")
     if normalization is not None:
         return (f"the signatures apply the run's normalisation ({normalization.mode}) to "
-                f"pixel values in [0, 255]")
+                f"pixel values in [0, 255]" + refused)
     return ("the model has no preprocessing layer and no preprocessing was given: "
-            "serving_default passes its float inputs unchanged, serving_bytes and "
+            "serving_default passes its float inputs unchanged (refusing NaN and infinite "
+            "values with InvalidArgument), serving_bytes and "
             "serving_uint8 feed pixel values in [0, 255] as float32 (build the model with "
             "include_preprocessing=True to normalise in the graph)")
+
+
+def _value_checks(images, pixels):
+    """InvalidArgument for non-finite float inputs and, where the signature
+    takes pixels, for values outside [0, 255] (TF Serving answers 400)."""
+    if not images.dtype.is_floating:
+        return []
+    checks = [tf.debugging.assert_equal(
+        tf.reduce_all(tf.math.is_finite(images)), True,
+        message="images: every value must be finite (NaN or infinity given)")]
+    if pixels:
+        checks.append(tf.debugging.assert_equal(
+            tf.reduce_all(tf.logical_and(images >= 0.0, images <= 255.0)), True,
+            message="images: pixel values must lie in [0, 255]"))
+    return checks
 
 
 def make_serving_functions(model, preprocessing=None, top_k=5,
@@ -160,8 +179,11 @@ def make_serving_functions(model, preprocessing=None, top_k=5,
                 "scores": top.values,
                 "class_names": tf.gather(class_names, top.indices)}
 
+    pixels = normalization is not None or find_preprocessing(model) is not None
+
     def from_pixels(images):
-        with tf.control_dependencies(_shape_check(images, height, width, channels)):
+        with tf.control_dependencies(_shape_check(images, height, width, channels)
+                                     + _value_checks(images, pixels)):
             return predict(tf.identity(tf.cast(images, tf.float32)))
 
     def decode(encoded):

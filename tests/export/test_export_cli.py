@@ -403,6 +403,84 @@ def test_malformed_requests_get_400_not_a_dropped_connection(local_server, reque
         assert word in answer, answer[:500]
 
 
+def _slow_client(port, seconds_per_byte=0.2, limit=30.0):
+    """Sends a request header one byte at a time until the server answers or
+    closes; returns (seconds the connection stayed open, the answer)."""
+    import select
+
+    request = b"POST /v1/models/r8:predict HTTP/1.1\r\nX-Slow: " + b"a" * 1000
+    started, answer = time.time(), b""
+    with socket.create_connection(("127.0.0.1", port), timeout=limit) as connection:
+        for byte in request:
+            try:
+                connection.sendall(bytes([byte]))
+            except OSError:
+                break
+            readable, _, _ = select.select([connection], [], [], seconds_per_byte)
+            if readable:
+                try:
+                    while chunk := connection.recv(65536):
+                        answer += chunk
+                except OSError:
+                    pass
+                break
+            if time.time() - started > limit:
+                break
+    return time.time() - started, answer.decode(errors="replace")
+
+
+@pytest.mark.parametrize("slow", [6, 50])
+def test_slow_clients_neither_starve_others_nor_outstay_the_deadline(local_server, slow):
+    import concurrent.futures
+
+    port, url, _ = local_server  # --read_timeout_s=1, 4 workers
+    body = {"signature_name": "serving_uint8",
+            "instances": [np.zeros((32, 32, 3), np.uint8).tolist()]}
+    assert _post(url + ":predict", body)[0] == 200
+    with concurrent.futures.ThreadPoolExecutor(slow) as pool:
+        attack = [pool.submit(_slow_client, port) for _ in range(slow)]
+        time.sleep(0.3)
+        times = []
+        for _ in range(3):
+            started = time.time()
+            assert _post(url + ":predict", body)[0] == 200
+            times.append(time.time() - started)
+        results = [future.result() for future in attack]
+    assert max(times) < 1.0, times
+    for seconds, answer in results:  # answered 408 at the deadline, then closed
+        assert "408 Request Timeout" in answer and "--read_timeout_s" in answer, answer
+        assert seconds < 2.5, seconds
+
+
+@pytest.mark.parametrize("method, path, code, message", [
+    ("POST", "/v1/models/r8/versions/99:predict", 404,
+     "Servable not found for request: Specific(r8, 99)"),
+    ("POST", "/v1/models/other:predict", 404, "Servable not found for request: Latest(other)"),
+    ("POST", "/v1/models/r8/labels/stable:predict", 404,
+     "Unrecognized servable version label: stable"),
+    ("GET", "/v1/models/other", 404, "Could not find any versions of model other"),
+    ("GET", "/v1/models/r8/versions/99", 404, "Could not find version 99 of model r8"),
+    ("GET", "/v1/models/other/metadata", 404, "Servable not found for request: Latest(other)"),
+    ("POST", "/v2/foo", 404, "Malformed request: POST /v2/foo"),
+    ("GET", "/v1/models/r8/versions/1", 200, "AVAILABLE"),
+])
+def test_unknown_models_and_versions_in_tf_servings_words(local_server, method, path, code,
+                                                          message):
+    port, _, _ = local_server
+    body = b"{}" if method == "POST" else b""
+    answer = _raw(port, f"{method} {path} HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n"
+                  .encode() + body)
+    assert answer.startswith(f"HTTP/1.0 {code}") and message in answer, answer[:300]
+
+
+def test_deeply_nested_json_is_400(local_server):
+    port, _, _ = local_server
+    body = b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    answer = _raw(port, b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert answer.startswith("HTTP/1.0 400") and "nests too deeply" in answer, answer[:300]
+
+
 def test_bad_version_directory_and_port_in_use_are_one_line(local_server, tmp_path):
     port, _, base = local_server
     broken = tmp_path / "broken"

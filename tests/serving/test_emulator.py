@@ -67,6 +67,14 @@ def test_rest_columnar_format(emulator, cifar_export):
     ("serving_default", {"pixels": np.zeros((1, 32, 32, 3), np.float32)},
      "do not match the signature's"),
     ("classify", {"images": np.zeros((1, 32, 32, 3), np.float32)}, "not found"),
+    ("serving_default", {"images": np.full((1, 32, 32, 3), np.nan, np.float32)},
+     "every value must be finite"),
+    ("serving_default", {"images": np.full((1, 32, 32, 3), np.inf, np.float32)},
+     "every value must be finite"),
+    ("serving_default", {"images": np.full((1, 32, 32, 3), -5.0, np.float32)},
+     "pixel values must lie in [0, 255]"),
+    ("serving_default", {"images": np.full((1, 32, 32, 3), 1e30, np.float32)},
+     "pixel values must lie in [0, 255]"),
 ])
 def test_bad_requests_are_invalid_argument(emulator, signature, inputs, message):
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
@@ -86,3 +94,11 @@ def test_bad_rest_bodies(emulator, body, message):
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
         rest.predict(emulator, body)
     assert message in error.value.message
+
+
+def test_pixel_bounds_are_accepted(emulator, cifar_export):
+    # 0 and 255 are pixels; the refusal is of what lies outside them.
+    images = np.zeros((2, 32, 32, 3), np.float32)
+    images[1] = 255.0
+    outputs = emulator.run("serving_default", {"images": images})
+    np.testing.assert_allclose(outputs["probabilities"].sum(axis=1), 1.0, atol=1e-5)
