@@ -27,7 +27,6 @@ flags.DEFINE_string("run_dir", "runs/highway_gates", "Directory for the figures.
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
-    import keras
     import numpy as np
 
     import keras_identity as ki
@@ -38,7 +37,10 @@ def main(argv):
         from keras_identity.training import train
 
         train(TrainConfig(model_dir=os.path.dirname(FLAGS.model_path), verbose=2))
-    model = keras.models.load_model(FLAGS.model_path)
+    try:
+        model = ki.models.load_model(FLAGS.model_path)
+    except ValueError as error:
+        _cli.fail(error, 2)
     prep = ki.data.load_preprocessing(os.path.join(os.path.dirname(FLAGS.model_path),
                                                    "preprocessing.json"))
     data = ki.data.load_dataset("mnist")

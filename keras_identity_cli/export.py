@@ -70,20 +70,16 @@ def main(argv):
     if FLAGS.top_k < 1:
         _cli.fail(f"top_k={FLAGS.top_k} is not valid; expected an integer >= 1", 2)
 
-    import keras
-
-    import keras_identity  # noqa: F401  (registers the layers)
     from keras_identity.data import load_preprocessing
+    from keras_identity.models import load_model
     from keras_identity.serving import export_saved_model
     from keras_identity.serving.emulator import ServingEmulator
     from keras_identity.serving.signatures import input_description
 
     try:
-        model = keras.models.load_model(FLAGS.model_path)
-    except Exception as error:  # zipfile, h5py, JSON and Keras errors
-        reason = " ".join(str(error).split())[:200] or "no details"
-        _cli.fail(f"not a readable .keras file: {FLAGS.model_path} ({type(error).__name__}: "
-                  f"{reason})", 2)
+        model = load_model(FLAGS.model_path)
+    except ValueError as error:
+        _cli.fail(error, 2)
     preprocessing = None
     if preprocessing_path:
         try:

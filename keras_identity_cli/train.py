@@ -104,6 +104,7 @@ def main(argv):
         _cli.fail(f"unexpected arguments {argv[1:]}; flags are written --name=value", 2)
     from keras_identity.training import ConfigError
     from keras_identity.training import TrainingDiverged
+    from keras_identity.training import WriteError
     from keras_identity.training import train
 
     try:
@@ -112,6 +113,8 @@ def main(argv):
         _cli.fail(error, 2)
     except TrainingDiverged as error:
         _cli.fail(f"training diverged: {error}")
+    except WriteError as error:
+        _cli.fail(error)
 
 
 def run():

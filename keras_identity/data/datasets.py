@@ -132,7 +132,15 @@ def _expand_gray(x):
 
 
 def _read_npz(path):
-    """The four arrays of a ``.npz`` file; any read error names the file."""
+    """The four arrays of a ``.npz`` file; any read error names the file.
+    Nothing is unpickled: a file that is not a zip archive of arrays, or
+    holds object arrays, is refused."""
+    import zipfile
+
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise DataError(f"cannot read {path}: not a valid .npz file (not a complete zip "
+                        f"archive of arrays); expected x_train, y_train, x_test, y_test saved "
+                        f"with numpy.savez.")
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = {"x_train", "y_train", "x_test", "y_test"} - set(data.files)
@@ -142,7 +150,14 @@ def _read_npz(path):
             return {k: data[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except DataError:
         raise
-    except Exception as error:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
+    except ValueError as error:
+        if "allow_pickle" in str(error):  # numpy's hint to unpickle: never taken here
+            raise DataError(f"cannot read {path}: it holds object (pickled) arrays, which are "
+                            f"never loaded; expected numeric arrays x_train, y_train, x_test, "
+                            f"y_test.") \
+                from None
+        raise DataError(f"cannot read {path}: ValueError: {_first_line(error)}") from None
+    except Exception as error:  # zipfile.BadZipFile, EOFError, OSError, ...
         raise DataError(f"cannot read {path}: {type(error).__name__}: "
                         f"{_first_line(error)}") from None
 

@@ -8,6 +8,7 @@ from keras_identity.models.registry import list_models
 from keras_identity.models.resnet import preact_resnet
 from keras_identity.models.resnet import resnet
 from keras_identity.models.resnet import resolve_depth
+from keras_identity.models.saving import load_model
 from keras_identity.models.stage import residual_stage
 from keras_identity.models.stage import STAGE_MODES
 from keras_identity.models.stage import transfer_weights

@@ -92,12 +92,12 @@ def load_weights(model, weights):
                              f"from only (for a backbone of another model, pass that "
                              f"model's .keras file).")
         return model
+    from keras_identity.models.saving import load_model
+
     try:
-        source = keras.models.load_model(path, compile=False)
-    except Exception as error:
-        reason = " ".join(str(error).split())[:300]
-        raise ValueError(f"weights={path!r} is not a readable .keras file "
-                         f"({type(error).__name__}: {reason}).") from None
+        source = load_model(path, compile=False)
+    except ValueError as error:
+        raise ValueError(f"weights={path!r}: {error}") from None
     names = {layer.name for layer in model.layers}
     ignore = tuple(n for n in CLASSIFIER_LAYERS if n not in names)
     try:

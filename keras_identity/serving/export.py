@@ -26,6 +26,23 @@ def next_version(export_base):
     return max(versions, default=0) + 1
 
 
+def _check_export_base(export_base):
+    """``export_base`` must be a directory this process can write (it is
+    created when missing); raises ``ValueError`` in one line otherwise."""
+    if os.path.exists(export_base) and not os.path.isdir(export_base):
+        raise ValueError(f"export_dir={export_base!r} is a file; expected a directory of "
+                         f"numbered versions (TF Serving's --model_base_path).")
+    try:
+        os.makedirs(export_base, exist_ok=True)
+        probe = os.path.join(export_base, ".write_test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as error:
+        raise ValueError(f"export_dir={export_base!r} is not a writable directory "
+                         f"({error.strerror or type(error).__name__}).") from None
+
+
 def to_float32(model):
     """A float32 copy of a mixed-precision model (same weights)."""
     def clone(layer):
@@ -74,6 +91,7 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
         raise ValueError(f"export_saved_model runs on the TensorFlow and JAX backends; the "
                          f"Keras backend is {keras.backend.backend()!r} (load the .keras file "
                          f"with KERAS_BACKEND=tensorflow to export it).")
+    _check_export_base(export_base)
     version = next_version(export_base) if version is None else int(version)
     if version < 1:
         raise ValueError(f"version={version} is not valid; expected an integer >= 1.")

@@ -2,6 +2,7 @@
 
 from keras_identity.training.callbacks import TrainingDiverged
 from keras_identity.training.checkpoints import Checkpointer
+from keras_identity.training.checkpoints import WriteError
 from keras_identity.training.optimizers import MomentumSGD
 from keras_identity.training.plots import plot_history
 from keras_identity.training.plots import plot_runs

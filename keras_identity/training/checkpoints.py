@@ -10,14 +10,50 @@ read (a damaged disk, a copy cut short) is skipped with a warning for the
 newest one that can.
 """
 
+import errno
 import glob
 import json
 import os
+import re
+import shutil
 import warnings
 
 
 class CheckpointError(ValueError):
     """No checkpoint of a run can be read; the message names the files."""
+
+
+class WriteError(RuntimeError):
+    """A run's files could not be written (a full disk, a lost mount, ...);
+    the message names the directory and the cause, and the checkpoint
+    before it is intact."""
+
+
+# Bytes an HDF5 weights file spends per variable besides its values (an upper
+# estimate, for the free-space check before writing).
+_PER_VARIABLE_BYTES = 4096
+
+
+def checkpoint_bytes(model):
+    """About how many bytes a checkpoint of ``model`` takes (weights and
+    optimizer state)."""
+    variables = list(model.weights)
+    if model.optimizer is not None:
+        variables += list(model.optimizer.variables)
+    total = 0
+    for variable in variables:
+        bits = re.search(r"(\d+)$", str(variable.dtype))
+        size = 1
+        for dim in variable.shape:
+            size *= int(dim)
+        total += size * (int(bits.group(1)) // 8 if bits else 4) + _PER_VARIABLE_BYTES
+    return total
+
+
+def out_of_space(error):
+    """Whether ``error`` (an ``OSError``) says the disk or quota is full."""
+    return isinstance(error, OSError) and (
+        error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error))
 
 
 class Checkpointer:
@@ -29,22 +65,60 @@ class Checkpointer:
         self.state_path = os.path.join(directory, "state.json")
 
     def save(self, model, *, step, epoch, history):
-        os.makedirs(self.directory, exist_ok=True)
+        """Writes the checkpoint of ``step``; raises :class:`WriteError` (and
+        leaves no partial file, the previous checkpoint still the latest)
+        when it cannot: checked against the free space before writing, as
+        HDF5 copes badly with a disk that fills up under it."""
         name = f"ckpt-{step:09d}.weights.h5"
         path = os.path.join(self.directory, name)
         temporary = path + ".partial.weights.h5"
-        model.save_weights(temporary)
-        os.replace(temporary, path)
         state = {"step": int(step), "epoch": int(epoch), "weights": name, "history": history}
-        for target in (_state_of(path), self.state_path):
-            with open(target + ".partial", "w") as f:
-                json.dump(state, f)
-            os.replace(target + ".partial", target)
+        written = []
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            needed = checkpoint_bytes(model) + len(json.dumps(state)) * 2
+            free = shutil.disk_usage(self.directory).free
+            if free < needed:
+                raise OSError(errno.ENOSPC, f"No space left on device: {free / 2 ** 20:.1f} MiB "
+                                            f"free, about {needed / 2 ** 20:.1f} MiB needed")
+            written.append(temporary)
+            model.save_weights(temporary)
+            os.replace(temporary, path)
+            written.append(path)
+            for target in (_state_of(path), self.state_path):
+                written.append(target + ".partial")
+                with open(target + ".partial", "w") as f:
+                    json.dump(state, f)
+                os.replace(target + ".partial", target)
+        except Exception as error:  # OSError, h5py's errors
+            for leftover in written:
+                if leftover != self.state_path and os.path.exists(leftover):
+                    try:
+                        os.remove(leftover)
+                    except OSError:
+                        pass
+            if os.path.exists(_state_of(path)) and not os.path.exists(path):
+                os.remove(_state_of(path))
+            previous = self.latest_step()
+            raise WriteError(
+                f"cannot write the checkpoint of step {step} into {self.directory} "
+                f"({getattr(error, 'strerror', None) or ' '.join(str(error).split())[:200]}); "
+                + (f"the checkpoint of step {previous} is intact: free space and run the "
+                   f"same command to resume" if previous is not None else
+                   "no checkpoint was written")) from None
         checkpoints = self._weights_files()
         for old in checkpoints[:-self.keep]:
             os.remove(old)
             if os.path.exists(_state_of(old)):
                 os.remove(_state_of(old))
+
+    def latest_step(self):
+        """The step of the latest readable checkpoint, or None."""
+        try:
+            state = self.latest()
+        except CheckpointError:
+            return None
+        return None if state is None else state["step"]
 
     def _weights_files(self):
         return sorted(f for f in glob.glob(os.path.join(self.directory, "ckpt-*.weights.h5"))

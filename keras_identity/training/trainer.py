@@ -23,6 +23,7 @@ from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import multi_worker
 from keras_identity.training import recipes as recipes_lib
+from keras_identity.training import run_lock
 from keras_identity.training import strategies
 from keras_identity.training.optimizers import MomentumSGD
 
@@ -323,7 +324,13 @@ def build_optimizer(model):
 
 
 def load_data(config):
+    """The run's data; a split without images is refused (a run would report
+    a test error of NaN)."""
     data = datasets_lib.load_dataset(config.dataset, config.data_dir)
+    for split, count in (("training", data.num_train), ("test", data.num_test)):
+        if not count:
+            raise ValueError(f"data_dir={config.data_dir or data.source!r}: the {split} set of "
+                             f"{config.dataset} has no images; expected at least one.")
     if config.train_examples or config.test_examples:
         data = data.subset(config.train_examples, config.test_examples, seed=config.seed)
     return data
@@ -493,12 +500,15 @@ class Run:
     identity: dict = None
     extended_from: int = None
     steps_per_execution: int = 1
+    lock: object = None     # the chief's run_lock.RunLock, held until training ends
 
 
 def prepare(config, strategy=None):
     """Validates ``config``, picks the strategy (unless one is given), loads the
     data and resolves the recipe.  Every problem found here raises
-    :class:`ConfigError`."""
+    :class:`ConfigError`.  The chief locks ``model_dir`` (a second training
+    there is refused); the caller releases ``Run.lock``."""
+    lock = None
     try:
         config.validate()
         _setup_precision_and_seed(config)
@@ -535,6 +545,9 @@ def prepare(config, strategy=None):
             length = _check_identity(run_path, identity)
         elif os.path.exists(config_path):
             _same_run_or_raise(config_path, config)  # runs made before run.json
+        _check_writable(config.model_dir)
+        if chief:
+            lock = run_lock.RunLock(config.model_dir).acquire()
         state = checkpointer.latest()
         extended_from = None
         if state is not None and schedule.total_steps < state["step"]:
@@ -544,17 +557,18 @@ def prepare(config, strategy=None):
                              f"length, or use a new --model_dir.")
         if length and length.get("total_steps") not in (None, schedule.total_steps):
             extended_from = length["total_steps"]
-        _check_writable(config.model_dir)
-    except ConfigError:
+    except BaseException as error:
+        if lock is not None:
+            lock.release()
+        if isinstance(error, ValueError) and not isinstance(error, ConfigError):
+            raise ConfigError(str(error)) from None
         raise
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
     os.makedirs(work_dir, exist_ok=True)
     return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
                recipe=recipe, schedule=schedule, normalization=normalization,
                augmentation=augmentation, checkpointer=checkpointer, state=state,
                identity=identity, extended_from=extended_from,
-               steps_per_execution=steps_per_execution)
+               steps_per_execution=steps_per_execution, lock=lock)
 
 
 def train(config, print_fn=print, strategy=None):
@@ -569,6 +583,15 @@ def train(config, print_fn=print, strategy=None):
     """
     started = time.time()
     run = prepare(config, strategy)
+    try:
+        return _train(run, print_fn, started)
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def _train(run, print_fn, started):
+    config = run.config
     strategy, data, recipe, schedule = run.strategy, run.data, run.recipe, run.schedule
     chief, work_dir, checkpointer = run.chief, run.work_dir, run.checkpointer
     normalization, augmentation, model_dir = run.normalization, run.augmentation, config.model_dir
@@ -674,20 +697,28 @@ def train(config, print_fn=print, strategy=None):
                  recorder,
                  keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"),
                                              update_freq="epoch")]
-    if start_step < end_step:
-        with strategies.fit_scope(strategy):
-            model.fit(train_ds, epochs=math.ceil(end_step / schedule.steps_per_epoch),
-                      initial_epoch=start_step // schedule.steps_per_epoch,
-                      steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
-                      shuffle=False,
-                      callbacks=callbacks, verbose=config.verbose if chief else 0)
-    elif end_step < schedule.total_steps:
-        print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
-    else:
-        print_fn(f"the run is already complete ({start_step} steps)")
-    history = recorder.history
     model_path = os.path.join(work_dir, "model.keras")
-    model.save(model_path)
+    try:
+        if start_step < end_step:
+            with strategies.fit_scope(strategy):
+                model.fit(train_ds, epochs=math.ceil(end_step / schedule.steps_per_epoch),
+                          initial_epoch=start_step // schedule.steps_per_epoch,
+                          steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
+                          shuffle=False,
+                          callbacks=callbacks, verbose=config.verbose if chief else 0)
+        elif end_step < schedule.total_steps:
+            print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
+        else:
+            print_fn(f"the run is already complete ({start_step} steps)")
+        model.save(model_path)
+    except OSError as error:  # the history, curves, TensorBoard or model files
+        if not checkpoints.out_of_space(error):
+            raise
+        raise checkpoints.WriteError(
+            f"cannot write into {work_dir} ({error.strerror or error}); the checkpoint of "
+            f"step {checkpointer.latest_step()} is intact: free space and run the same "
+            f"command to resume") from None
+    history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,
               "steps": int(model.optimizer.iterations.numpy()),
               "test_error": history[-1]["test_error"] if history else None,

@@ -206,6 +206,21 @@ def test_damaged_npz_names_the_file(tmp_path, damage):
         load_dataset("mnist", path)
 
 
+def test_random_bytes_and_pickled_npz_never_suggest_unpickling(tmp_path):
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(DataError) as error:
+        load_dataset("mnist", str(garbage))
+    assert "not a valid .npz file" in str(error.value) and "allow_pickle" not in str(error.value)
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1),
+             x_test=np.zeros((1, 28, 28), np.uint8), y_test=np.zeros(1))
+    with pytest.raises(DataError) as error:
+        load_dataset("mnist", str(pickled))
+    assert "object (pickled) arrays, which are never loaded" in str(error.value)
+    assert "allow_pickle" not in str(error.value)
+
+
 def test_truncated_archive_names_the_file(tmp_path):
     root = tmp_path / "tree"
     _write_tree(str(root))

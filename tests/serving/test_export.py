@@ -269,3 +269,13 @@ def test_a_model_without_preprocessing_exports_its_pixels_unchanged(tmp_path, rn
                                model.predict(images.astype(np.float32), verbose=0), atol=1e-5)
     assert "feed pixel values in [0, 255]" in (
         tmp_path / "1" / "assets.extra" / "inputs.txt").read_text()
+
+
+def test_an_export_dir_that_is_a_file_is_one_line(cifar_export, tmp_path):
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    with pytest.raises(ValueError, match=r"export_dir=.*a-file' is a file; expected a "
+                                         r"directory of numbered versions"):
+        export_saved_model(cifar_export["model"], str(path))
+    assert path.read_text() == "x"
+

@@ -389,3 +389,91 @@ def test_old_highway_config_files_resume(tmp_path):
     path.write_text(json.dumps(old))
     trainer._same_run_or_raise(str(path), TrainConfig(
         model="highway_net", depth=10, model_kwargs=dict(transform_bias_init=-2.0)))
+
+
+# --- hardening, round three (issue 31: 3, 4, 6) ----------------------------------
+
+_HOLD_LOCK = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("run_lock", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+lock = module.RunLock(sys.argv[2]).acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_training_in_one_model_dir_is_refused_and_a_killed_one_leaves_no_lock(
+        tmp_path):
+    import subprocess
+    import sys
+
+    from keras_identity.training import run_lock
+
+    config = _small(tmp_path)
+    os.makedirs(config.model_dir)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, run_lock.__file__,
+                               config.model_dir], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError) as error:
+            train(config, quiet)
+        message = str(error.value)
+        assert f"model_dir={config.model_dir!r} is in use by another training (pid " \
+               f"{holder.pid} on " in message and "\n" not in message
+        assert not os.path.exists(os.path.join(config.model_dir, "run.json"))
+    finally:
+        holder.kill()  # as kill -9: the kernel drops its lock
+        holder.wait()
+    assert train(config, quiet)["steps"] == 4
+    assert train(_small(tmp_path, epochs=2), quiet)["steps"] == 8  # released after each run
+
+
+def test_an_empty_test_set_is_refused_before_training(tmp_path):
+    path = tmp_path / "empty-test.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.integers(0, 256, (64, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 64), x_test=np.zeros((0, 28, 28), np.uint8),
+             y_test=np.zeros((0,), np.int64))
+    with pytest.raises(ConfigError, match=r"the test set of mnist has no images"):
+        train(_small(tmp_path, data_dir=str(path), train_examples=None, test_examples=None),
+              quiet)
+    assert not os.path.exists(tmp_path / "run" / "history.json")
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from keras_identity.training import WriteError
+    from keras_identity.training import checkpoints
+
+    train(_small(tmp_path, epochs=1), quiet)
+    checkpoint_dir = tmp_path / "run" / "checkpoints"
+    before = sorted(os.listdir(checkpoint_dir))
+    # Too little space: refused before HDF5 touches the disk.
+    usage = checkpoints.shutil.disk_usage(str(checkpoint_dir))
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage",
+                        lambda path: usage._replace(free=300 * 1024))
+    with pytest.raises(WriteError) as error:
+        train(_small(tmp_path, epochs=2), quiet)
+    message = str(error.value)
+    assert (f"cannot write the checkpoint of step 8 into {checkpoint_dir}" in message
+            and "No space left on device" in message and "step 4 is intact" in message)
+    assert sorted(os.listdir(checkpoint_dir)) == before
+    monkeypatch.undo()
+
+    # The disk fills up while HDF5 writes: no partial file stays behind.
+    def full(self, path, **kwargs):
+        open(path, "wb").write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save_weights", full)
+    with pytest.raises(WriteError, match="step 4 is intact"):
+        train(_small(tmp_path, epochs=2), quiet)
+    assert sorted(os.listdir(checkpoint_dir)) == before
+    monkeypatch.undo()
+    lines = []
+    assert train(_small(tmp_path, epochs=2), lines.append)["steps"] == 8
+    assert any("resuming from the checkpoint at step 4" in l for l in lines)
+

@@ -1,0 +1,81 @@
+"""Loading ``.keras`` files with errors a user can act on.
+
+``keras.models.load_model`` reports a class it cannot find as a generic
+"could not be deserialized properly" around the whole model.
+:func:`load_model` names the file and, when that is the cause, every class
+the file names that no imported module registers, and what registers it.
+"""
+
+import json
+import zipfile
+
+import keras
+
+PACKAGE = "keras_identity"
+
+
+def _classes(node, found):
+    """Every ``(registered_name or class_name, module)`` a Keras config names."""
+    if isinstance(node, dict):
+        if "class_name" in node and "config" in node:
+            found.add((node.get("registered_name") or node["class_name"], node.get("module")))
+        for value in node.values():
+            _classes(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _classes(value, found)
+    return found
+
+
+def unknown_classes(path):
+    """The registered names of the classes ``path`` (a ``.keras`` file) names
+    that no imported module registers, sorted; ``[]`` when the file cannot
+    be read as an archive."""
+    import importlib
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return []
+    missing = set()
+    for name, module in _classes(config, set()):
+        if ">" in name:  # registered with keras.saving.register_keras_serializable
+            if keras.saving.get_registered_object(name) is None:
+                missing.add(name)
+        elif module:
+            try:
+                getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                missing.add(f"{module}.{name}")
+    return sorted(missing)
+
+
+def load_model(path, compile=True):
+    """``keras.models.load_model(path)`` with this package's classes
+    registered; raises ``ValueError`` in one line naming the file (and the
+    unknown classes, when the file names classes no module registers)."""
+    import keras_identity  # noqa: F401  (registers the package's classes)
+
+    try:
+        return keras.models.load_model(path, compile=compile)
+    except Exception as error:  # zipfile, h5py, JSON and Keras errors
+        missing = unknown_classes(path)
+        if missing:
+            ours = [n.split(">", 1)[1] for n in missing if n.startswith(PACKAGE + ">")]
+            others = [n for n in missing if not n.startswith(PACKAGE + ">")]
+            parts = []
+            if ours:
+                parts.append(f"keras_identity {keras_identity.__version__} has no class "
+                             f"{', '.join(ours)} (the file was saved by another version of "
+                             f"keras_identity: load it with that version)")
+            if others:
+                parts.append(f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not "
+                             f"registered: import the module that defines "
+                             f"{'it' if len(others) == 1 else 'them'} (decorated with "
+                             f"keras.saving.register_keras_serializable) before loading")
+            raise ValueError(f"{path} names classes this program does not know: "
+                             f"{'; '.join(parts)}.") from None
+        reason = " ".join(str(error).split())[:200] or "no details"
+        raise ValueError(f"not a readable .keras file: {path} ({type(error).__name__}: "
+                         f"{reason})") from None
