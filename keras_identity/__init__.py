@@ -20,6 +20,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
         f"'keras_identity[jax]' (JAX with tensorflow-cpu).") from error
 
 from keras_identity import data
+from keras_identity import initializers
 from keras_identity import layers
 from keras_identity import models
 from keras_identity import training

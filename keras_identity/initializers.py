@@ -1,4 +1,4 @@
-"""Weight initialisations used by the authors' code.
+"""Weight initialisations used by the authors' code, and Balduzzi et al.'s.
 
 ``he_normal_fan_out`` is the He et al. (2015) initialisation the ResNet
 reference implementations (resnet-1k-layers, fb.resnet.torch) apply to every
@@ -30,6 +30,67 @@ def torch_linear(seed=None):
         seed=keras.random.SeedGenerator(seed))
 
 
+def _orthogonal(rows, columns, generator, dtype):
+    """A ``rows x columns`` matrix with orthonormal columns (rows >= columns)
+    or rows, from the QR decomposition of a Gaussian matrix."""
+    from keras import ops
+
+    tall = rows >= columns
+    shape = (rows, columns) if tall else (columns, rows)
+    q, r = ops.linalg.qr(keras.random.normal(shape, seed=generator, dtype="float32"))
+    q = q * ops.sign(ops.diagonal(r))[None, :]  # a uniform (Haar) draw
+    return ops.cast(q if tall else ops.transpose(q), dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_identity")
+class LooksLinear(keras.initializers.Initializer):
+    """The looks-linear initialisation of Balduzzi et al. (2017), for a layer
+    fed by :class:`keras_identity.layers.CReLU`.
+
+    A kernel W̃ whose neighbouring input rows are a row of an orthogonal W and
+    its opposite (``W̃_{2q-1} = -W̃_{2q} = W_q``, the notes' indexing) gives
+    ``W̃ᵀ Φ(x) = Wᵀ (σ(x) - σ(-x)) = Wᵀ x``: the layer after a CReLU is linear
+    in the CReLU's input.  Dense kernels ``(2D, D')``; convolution kernels
+    ``(k, k, 2C, C')`` are zero but for their centre tap, which is such a
+    matrix (the paper's Sec. 5: ``K[:, :, 2, 2] := W``).
+
+    Args:
+        seed: an int or ``keras.random.SeedGenerator`` (successive calls
+            draw new matrices; a seeded build is reproducible).
+    """
+
+    def __init__(self, seed=None):
+        self.seed = seed
+        self._generator = (seed if isinstance(seed, keras.random.SeedGenerator) else
+                           keras.random.SeedGenerator(seed))
+
+    def __call__(self, shape, dtype=None):
+        from keras import ops
+
+        shape = tuple(int(d) for d in shape)
+        if len(shape) not in (2, 4) or (len(shape) == 4 and shape[0] != shape[1]):
+            raise ValueError(f"LooksLinear initialises dense kernels (inputs, units) and "
+                             f"square convolution kernels (k, k, inputs, filters); got the "
+                             f"shape {shape}.")
+        inputs, outputs = shape[-2], shape[-1]
+        if inputs % 2:
+            raise ValueError(f"LooksLinear needs an even number of inputs (a CReLU's "
+                             f"output: pairs of channels); the kernel {shape} has {inputs}.")
+        w = _orthogonal(inputs // 2, outputs, self._generator, dtype or "float32")
+        pairs = ops.reshape(ops.stack([w, -w], axis=1), (inputs, outputs))
+        if len(shape) == 2:
+            return pairs
+        k = shape[0]
+        return ops.pad(pairs[None, None], ((k // 2, k - 1 - k // 2), (k // 2, k - 1 - k // 2),
+                                           (0, 0), (0, 0)))
+
+    def get_config(self):
+        seed = self.seed
+        if isinstance(seed, keras.random.SeedGenerator):
+            seed = seed.get_config()["seed"]
+        return {"seed": seed}
+
+
 def get(identifier, default=None):
     """Returns a Keras initializer whose successive calls draw new values.
 
@@ -38,6 +99,8 @@ def get(identifier, default=None):
     """
     if identifier is None:
         return default()
+    if identifier == "looks_linear":
+        return LooksLinear()
     initializer = keras.initializers.get(identifier)
     seed = getattr(initializer, "seed", None)
     if isinstance(seed, int) and not isinstance(seed, bool):

@@ -1,6 +1,7 @@
 """Layers of the papers: residual units and stacks (Figs. 2 and 4), option-A
-shortcuts, highway layers, and the input normalisation."""
+shortcuts, highway layers, CReLU (Balduzzi et al. 2017), and the input normalisation."""
 
+from keras_identity.layers.crelu import CReLU
 from keras_identity.layers.fused_batch_normalization import FusedBatchNormalization
 from keras_identity.layers.highway import Highway
 from keras_identity.layers.highway import HighwayConv2D

@@ -29,6 +29,8 @@ import math
 import keras
 
 from keras_identity import _checks
+from keras_identity import initializers
+from keras_identity.layers.crelu import CReLU
 from keras_identity.layers.highway import CARRY_GATES
 from keras_identity.layers.highway import Highway
 from keras_identity.layers.highway import HighwayConv2D
@@ -44,6 +46,9 @@ from keras_identity.models.weights import load_weights
 DATASETS = ("mnist", "cifar10", "cifar100")  # the highway paper's (no ImageNet)
 ARCHITECTURES = ("fully_connected", "convolutional")
 ACTIVATIONS = ("relu", "tanh")
+# Plain nets may also use CReLU (Balduzzi et al. 2017): with the looks-linear
+# initialisation a feedforward net is linear at initialisation.
+PLAIN_ACTIVATIONS = ACTIVATIONS + ("crelu",)
 HIGHWAY_WIDTH = 50
 PLAIN_WIDTH = 71
 CONV_WIDTHS = (32, 64, 128)
@@ -74,24 +79,67 @@ def _conv_stages(x, widths, sizes, *, highway, transitions, gate, conv):
         if stage > 1:
             x = keras.layers.MaxPooling2D(2, name=f"stage{stage}_pool")(x)
             if transitions:
-                x = keras.layers.Conv2D(w, 3, name=f"stage{stage}_transition", **conv)(x)
+                x = conv(x, w, 3, f"stage{stage}_transition")
         for index in range(1, n + 1):
             layer_name = f"stage{stage}_{kind}{index}"
             if highway:
                 x = HighwayConv2D(kernel_size=3, name=layer_name, **gate)(x)
             else:
-                x = keras.layers.Conv2D(w, 3, name=layer_name, **conv)(x)
+                x = conv(x, w, 3, layer_name)
     return x
 
 
-def _common(depth, dataset, architecture, activation, num_classes, input_shape, minimum):
+_FIRST_LAYERS = ("plain1", "stem_conv")  # the layers that read the images
+
+
+def _plain_layers(activation, kernel_initializer, kernel_regularizer):
+    """``(dense, conv)``: functions adding a plain layer (``x, units, name`` /
+    ``x, filters, size, name``) with its activation.  With CReLU, the
+    activation is a :class:`CReLU` layer after the weights (doubling the
+    width), and a looks-linear initialisation gives every layer fed by a
+    CReLU a :class:`LooksLinear` kernel and the first an orthogonal one."""
+    crelu = activation == "crelu"
+    looks_linear = kernel_initializer == "looks_linear"
+    if looks_linear and not crelu:
+        raise ValueError(f"kernel_initializer='looks_linear' needs activation='crelu' (it "
+                         f"pairs each CReLU output with its negative); got "
+                         f"activation={activation!r}.")
+
+    def initializer(name):
+        if not looks_linear:
+            return initializers.get(kernel_initializer, default=lambda: "glorot_uniform")
+        # Every layer but the first reads CReLU pairs (through pooling, too).
+        return "orthogonal" if name in _FIRST_LAYERS else initializers.LooksLinear()
+
+    def add(x, layer, name):
+        x = layer(x)
+        return CReLU(name=f"{name}_crelu")(x) if crelu else x
+
+    def dense(x, units, name, final=False):
+        layer = keras.layers.Dense(units, activation="softmax" if final else (
+            None if crelu else activation), kernel_initializer=initializer(name),
+            kernel_regularizer=kernel_regularizer, name=name,
+            **({"dtype": "float32"} if final else {}))
+        return layer(x) if final else add(x, layer, name)
+
+    def conv(x, filters, size, name, final=False):
+        layer = keras.layers.Conv2D(filters, size, padding="same", activation=None if (
+            crelu or final) else activation, kernel_initializer=initializer(name),
+            kernel_regularizer=kernel_regularizer, name=name)
+        return layer(x) if final else add(x, layer, name)
+
+    return dense, conv
+
+
+def _common(depth, dataset, architecture, activation, num_classes, input_shape, minimum,
+            activations=ACTIVATIONS):
     _checks.check_choice("dataset", dataset, DATASETS)
     if architecture is None:
         architecture = "fully_connected" if dataset == "mnist" else "convolutional"
     _checks.check_choice("architecture", architecture, ARCHITECTURES)
     minimum = minimum if architecture == "convolutional" else 1
     _checks.check_positive_int("depth", depth, minimum=minimum)
-    _checks.check_choice("activation", activation, ACTIVATIONS)
+    _checks.check_choice("activation", activation, activations)
     num_classes = NUM_CLASSES[dataset] if num_classes is None else num_classes
     _checks.check_positive_int("num_classes", num_classes, minimum=2)
     return architecture, num_classes, _check_input_shape(input_shape, dataset)
@@ -99,12 +147,17 @@ def _common(depth, dataset, architecture, activation, num_classes, input_shape, 
 
 def _net(depth, *, highway, dataset, architecture, width, activation, transform_bias_init,
          carry_gate, num_classes, input_shape, kernel_regularizer, include_top, pooling,
-         include_preprocessing, normalization, weights, name):
+         include_preprocessing, normalization, weights, name, kernel_initializer=None):
     check_top(include_top, pooling, num_classes)
     check_weights_path(weights)
     architecture, num_classes, input_shape = _common(
         depth, dataset, architecture, activation, num_classes, input_shape,
-        minimum=3 if dataset == "mnist" else 7)
+        minimum=3 if dataset == "mnist" else 7,
+        activations=ACTIVATIONS if highway else PLAIN_ACTIVATIONS)
+    dense_layer, conv_layer = _plain_layers(activation, kernel_initializer, kernel_regularizer)
+    # CReLU doubles a layer's outputs: 1/sqrt(2) of the width keeps about the
+    # parameters of the ReLU net (Balduzzi et al. 2017, Sec. 5.1).
+    narrow = 1.0 / math.sqrt(2.0) if activation == "crelu" else 1.0
     normalization = resolve_normalization(include_preprocessing, normalization,
                                           dataset=dataset,
                                           builder="highway_net" if highway else "plain_net",
@@ -117,7 +170,6 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
         if transform_bias_init is None:
             transform_bias_init = guideline_transform_bias(depth)
         _checks.check_range("transform_bias_init", transform_bias_init)
-    dense = dict(kernel_regularizer=kernel_regularizer)
     gate = dict(activation=activation, transform_bias_init=transform_bias_init,
                 carry_gate=carry_gate, kernel_regularizer=kernel_regularizer)
     kind = "highway" if highway else "plain"
@@ -126,49 +178,44 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
 
     if architecture == "fully_connected":
         if width is None:
-            width = HIGHWAY_WIDTH if highway else PLAIN_WIDTH
+            width = HIGHWAY_WIDTH if highway else round(narrow * PLAIN_WIDTH)
         _checks.check_positive_int("width", width)
         x = keras.layers.Flatten(name="flatten")(x)
-        x = keras.layers.Dense(width, activation=activation, name="plain1", **dense)(x)
+        x = dense_layer(x, width, "plain1")
         for index in range(2, depth + 1):
             if highway:
                 x = Highway(name=f"highway{index}", **gate)(x)
             else:
-                x = keras.layers.Dense(width, activation=activation, name=f"plain{index}",
-                                       **dense)(x)
-        outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
-                                     name="predictions", **dense)(x) if include_top else x
+                x = dense_layer(x, width, f"plain{index}")
+        outputs = dense_layer(x, num_classes, "predictions", final=True) if include_top else x
     elif dataset == "mnist":
         if width is None:
-            width = MNIST_CONV_WIDTH if highway else round(math.sqrt(2.0) * MNIST_CONV_WIDTH)
+            width = MNIST_CONV_WIDTH if highway else round(
+                narrow * math.sqrt(2.0) * MNIST_CONV_WIDTH)
         _checks.check_positive_int("width", width)
-        conv = dict(padding="same", activation=activation, **dense)
-        x = keras.layers.Conv2D(width, 3, name="stem_conv", **conv)(x)
+        x = conv_layer(x, width, 3, "stem_conv")
         x = _conv_stages(x, (width,) * 3, _stage_sizes(depth - 2), highway=highway,
-                         transitions=False, gate=gate, conv=conv)
+                         transitions=False, gate=gate, conv=conv_layer)
         if include_top:
             x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
-            outputs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32",
-                                         name="predictions", **dense)(x)
+            outputs = dense_layer(x, num_classes, "predictions", final=True)
         else:
             outputs = pooled_features(x, pooling)
     else:
         if width is None:
             width = CONV_WIDTHS if highway else tuple(
-                round(math.sqrt(2.0) * w) for w in CONV_WIDTHS)
+                round(narrow * math.sqrt(2.0) * w) for w in CONV_WIDTHS)
         width = tuple(width) if isinstance(width, (list, tuple)) else (width,) * 3
         if len(width) != 3:
             raise ValueError(f"width={width!r} is not valid; expected one int or three "
                              f"(one per stage).")
         for w in width:
             _checks.check_positive_int("width", w)
-        conv = dict(padding="same", activation=activation, **dense)
-        x = keras.layers.Conv2D(width[0], 3, name="stem_conv", **conv)(x)
+        x = conv_layer(x, width[0], 3, "stem_conv")
         x = _conv_stages(x, width, _stage_sizes(depth - 4), highway=highway,
-                         transitions=True, gate=gate, conv=conv)
+                         transitions=True, gate=gate, conv=conv_layer)
         if include_top:
-            x = keras.layers.Conv2D(num_classes, 1, name="classifier_conv",
-                                    kernel_regularizer=kernel_regularizer)(x)
+            x = conv_layer(x, num_classes, 1, "classifier_conv", final=True)
             x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
             outputs = keras.layers.Activation("softmax", dtype="float32",
                                               name="predictions")(x)
@@ -228,8 +275,8 @@ def highway_net(depth=50, *, dataset="mnist", architecture=None, width=None,
 
 
 def plain_net(depth=50, *, dataset="mnist", architecture=None, width=None,
-              activation="relu", num_classes=None, input_shape=None,
-              kernel_regularizer=None, include_top=True, pooling=None,
+              activation="relu", kernel_initializer=None, num_classes=None,
+              input_shape=None, kernel_regularizer=None, include_top=True, pooling=None,
               include_preprocessing=False, normalization=None, weights=None, name=None):
     """The plain counterpart of :func:`highway_net` (Fig. 1's "plain" nets).
 
@@ -238,10 +285,22 @@ def plain_net(depth=50, *, dataset="mnist", architecture=None, width=None,
     stages are sqrt(2) times wider than the highway ones for the same reason.
     (The plain CNNs of He et al. 2015 are
     ``resnet(depth, shortcut="constant_scaling", shortcut_scale=0.0)``.)
+
+    ``activation="crelu"`` puts a :class:`keras_identity.layers.CReLU` after
+    every plain layer and narrows the default widths by 1/sqrt(2) for about
+    the same parameters (Balduzzi et al. 2017, Sec. 5.1: 50 units per fully
+    connected layer); with ``kernel_initializer="looks_linear"`` every layer
+    after the first gets a :class:`keras_identity.initializers.LooksLinear`
+    kernel and the first an orthogonal one, so a fully connected net is
+    exactly linear at initialisation (a convolutional one within each stage:
+    its max pooling is not linear).  Other ``kernel_initializer`` values are
+    Keras initializers (default: Glorot uniform, Keras's).  Other arguments
+    as for :func:`highway_net`.
     """
     return _net(depth, highway=False, dataset=dataset, architecture=architecture,
                 width=width, activation=activation, transform_bias_init=None,
                 carry_gate="coupled", num_classes=num_classes, input_shape=input_shape,
                 kernel_regularizer=kernel_regularizer, include_top=include_top,
                 pooling=pooling, include_preprocessing=include_preprocessing,
-                normalization=normalization, weights=weights, name=name)
+                normalization=normalization, weights=weights, name=name,
+                kernel_initializer=kernel_initializer)

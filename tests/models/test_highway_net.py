@@ -112,3 +112,74 @@ def test_table1_nets_are_named_and_train_with_their_recipe():
     assert TrainConfig(model="highway_net").resolved_recipe == "highway_mnist"
     with pytest.raises(ValueError, match="depth=2"):
         ki.models.highway_net(2, architecture="convolutional")
+
+
+# --- CReLU and the looks-linear initialisation (Balduzzi et al. 2017) -----------
+
+def _linear_logits(model, x):
+    """The logits of the linear net of the model's W's: the first layer's
+    kernel, then every looks-linear kernel's even rows (biases are zero)."""
+    h = x.reshape(len(x), -1) @ model.get_layer("plain1").kernel.numpy()
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Dense) and layer.name != "plain1":
+            h = h @ layer.kernel.numpy()[0::2]
+    return h
+
+
+def test_a_deep_crelu_net_with_looks_linear_init_is_its_linear_net():
+    from tests.backend import value_and_grad
+
+    keras.utils.set_random_seed(0)
+    model = ki.models.plain_net(30, activation="crelu", kernel_initializer="looks_linear")
+    assert model.get_layer("plain2").kernel.shape == (100, 50)  # 71 / sqrt(2) = 50 units
+    x = np.random.default_rng(0).uniform(size=(6, 28, 28, 1)).astype(np.float32)
+    expected = _linear_logits(model, x)
+    probabilities = np.exp(expected) / np.exp(expected).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(model.predict(x, verbose=0), probabilities, atol=1e-5)
+    # The input gradient of a logit is the same for every input.
+    head = keras.Model(model.input, model.get_layer("predictions").input)
+    column = model.get_layer("predictions").kernel.numpy()[:, 3]
+    grads = [np.asarray(value_and_grad(
+        head, lambda h: keras.ops.sum(keras.ops.matmul(h, column)), x[i:i + 1],
+        training=False, sources="inputs")[1]) for i in range(3)]
+    assert np.abs(grads[0]).max() > 0
+    np.testing.assert_allclose(grads[0], grads[1], atol=1e-5)
+    np.testing.assert_allclose(grads[0], grads[2], atol=1e-5)
+    # Parameter parity per hidden layer (5,050 against ReLU's 5,112); the first
+    # layer, fed by 784 pixels, is the narrower one.
+    relu = ki.models.plain_net(30)
+    assert model.get_layer("plain2").count_params() == 100 * 50 + 50
+    assert relu.get_layer("plain2").count_params() == 71 * 71 + 71
+    assert model.count_params() == 186_710 and relu.count_params() == 204_703
+
+
+def test_looks_linear_without_crelu_is_refused_and_highway_nets_keep_their_activations():
+    with pytest.raises(ValueError, match=r"kernel_initializer='looks_linear' needs "
+                                         r"activation='crelu'"):
+        ki.models.plain_net(10, kernel_initializer="looks_linear")
+    with pytest.raises(ValueError, match="activation='crelu' is not valid"):
+        ki.models.highway_net(10, activation="crelu")
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_convolutional_crelu_nets_build_train_and_round_trip(dataset, tmp_path):
+    keras.utils.set_random_seed(1)
+    model = ki.models.plain_net(7, dataset=dataset, architecture="convolutional",
+                                activation="crelu", kernel_initializer="looks_linear",
+                                include_preprocessing=True)
+    convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)]
+    assert convs[0].name == "stem_conv" and convs[1].kernel.shape[2] == 2 * convs[0].filters
+    centre = convs[1].kernel.numpy()
+    centre[1, 1] = 0.0
+    assert not centre.any()  # looks-linear: only the centre tap
+    shape = model.input_shape[1:]
+    x = np.random.default_rng(0).integers(0, 256, (8, *shape)).astype(np.float32)
+    y = np.arange(8) % 10
+    model.get_layer("preprocessing").adapt(x)
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    path = str(tmp_path / "crelu.keras")
+    model.save(path)
+    np.testing.assert_allclose(keras.models.load_model(path).predict(x, verbose=0),
+                               model.predict(x, verbose=0), atol=1e-6)
+
