@@ -163,6 +163,8 @@ def shattered_report():
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     ax1.plot(depths, [r["plain"] for r in rows], "o-", label="plain (Dense-BN-ReLU)")
     ax1.plot(depths, [r["residual"] for r in rows], "o-", label="residual (pre-activation)")
+    ax1.plot(depths, [r["looks_linear"] for r in rows], "o-",
+             label="CReLU, looks-linear init (no skips)")
     ax1.set_xscale("log", base=2)
     ax1.set_xlabel("depth (blocks)")
     ax1.set_ylabel("lag-1 autocorrelation of df/dx")
@@ -179,20 +181,25 @@ def shattered_report():
     path = os.path.join(FLAGS.run_dir, "shattered.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    table = "| depth | plain | residual |\n| --- | --- | --- |\n" + "".join(
-        f"| {r['depth']} | {r['plain']:.3f} | {r['residual']:.3f} |\n" for r in rows)
+    table = ("| depth | plain | residual | CReLU, looks-linear |\n| --- | --- | --- | --- |\n"
+             + "".join(f"| {r['depth']} | {r['plain']:.3f} | {r['residual']:.3f} | "
+                       f"{r['looks_linear']:.3f} |\n" for r in rows))
     deepest = rows[-1]
     text = _report.header(
-        "Shattered gradients: plain against residual nets",
+        "Shattered gradients: plain, residual and looks-linear CReLU nets",
         summary=f"lag-1 autocorrelation of df/dx at depth {deepest['depth']}: plain "
-                f"{deepest['plain']:.3f}, residual {deepest['residual']:.3f} (depth 1: "
-                f"{rows[0]['plain']:.3f} / {rows[0]['residual']:.3f})")
+                f"{deepest['plain']:.3f}, residual {deepest['residual']:.3f}, looks-linear "
+                f"CReLU {deepest['looks_linear']:.3f} (depth 1: {rows[0]['plain']:.3f} / "
+                f"{rows[0]['residual']:.3f} / {rows[0]['looks_linear']:.3f})")
     text += f"""
 Balduzzi et al. (2017), in the lecture notes: the gradient `df/dx` of a rectifier net from
 R to R (200 units per layer, He initialisation, BN with batch statistics) over 256 inputs
 in [-2, 2]. Its autocorrelation at lag 1 (mean of 3 seeds;
 `keras_identity.analysis.shattering_study`) falls towards 0 (white noise) as plain nets
-deepen and stays high for residual nets.
+deepen and stays high for residual nets. Balduzzi et al.'s cure without skip connections,
+CReLU with the looks-linear initialisation (`feedforward_1d(..., looks_linear=True)`: each
+block CReLU-Dense, no BN), is linear at initialisation: its gradient is the same at every
+input.
 
 {table}
 {_report.copy_figure(path, "shattered_gradients.png")}

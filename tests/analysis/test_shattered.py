@@ -21,3 +21,13 @@ def test_deep_plain_nets_shatter_and_residual_nets_do_not():
     assert shallow > 0.9
     assert plain < 0.5
     assert residual > plain + 0.3
+
+
+def test_a_looks_linear_crelu_net_does_not_shatter():
+    # Linear at initialisation: the same gradient at every input, so the
+    # autocorrelation is 1 at every lag, at any depth, without skip connections.
+    model = feedforward_1d(24, width=64, looks_linear=True)
+    gradients = input_gradients(model)
+    np.testing.assert_allclose(gradients, gradients[0], rtol=1e-5)
+    assert abs(gradients[0]) > 0
+    assert autocorrelation(gradients)[1] > 0.99
