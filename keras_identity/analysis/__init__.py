@@ -1,6 +1,11 @@
-"""Analysis tools: signal propagation, highway gates and lesions, shattered gradients."""
+"""Analysis tools: signal propagation, highway gates and lesions, shattered gradients,
+deleting residual units."""
+
+from keras_identity.analysis.deletion import deletion_study
+from keras_identity.analysis.deletion import plot_deletions
 
 from keras_identity.analysis.gates import GateStatistics
+from keras_identity.analysis.gates import error_rate
 from keras_identity.analysis.gates import gate_statistics
 from keras_identity.analysis.gates import lesion_study
 from keras_identity.analysis.gates import plot_gate_statistics

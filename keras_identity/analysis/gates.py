@@ -57,7 +57,9 @@ def gate_statistics(model, inputs, labels=None, example=0, batch_size=512):
         class_mean=class_mean)
 
 
-def _error(model, inputs, labels, batch_size):
+def error_rate(model, inputs, labels, batch_size=1024):
+    """The classification error of ``model`` on ``inputs``, traced anew (so
+    that a lesion or deletion set since the last call applies)."""
     model.make_predict_function(force=True)
     predictions = model.predict(inputs, batch_size=batch_size, verbose=0)
     return float(np.mean(predictions.argmax(axis=-1) != np.asarray(labels)))
@@ -72,13 +74,13 @@ def lesion_study(model, inputs, labels, batch_size=1024):
     layers = highway_layers(model)
     if not layers:
         raise ValueError(f"model {model.name!r} has no highway layers to lesion.")
-    baseline = _error(model, inputs, labels, batch_size)
+    baseline = error_rate(model, inputs, labels, batch_size)
     errors = []
     for layer in layers:
         previous = layer.transform_gate_override
         layer.transform_gate_override = 0.0
         try:
-            errors.append(_error(model, inputs, labels, batch_size))
+            errors.append(error_rate(model, inputs, labels, batch_size))
         finally:
             layer.transform_gate_override = previous
     model.make_predict_function(force=True)

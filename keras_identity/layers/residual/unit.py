@@ -192,6 +192,32 @@ class ResidualUnit(keras.layers.Layer):
         """False for ``constant_scaling`` with lambda = 0: a plain unit."""
         return self._shortcut.has_shortcut
 
+    @property
+    def changes_shape(self):
+        """Whether the output's shape differs from the input's (stride or
+        width; known once built)."""
+        return getattr(self, "_changes_shape", self.strides != 1)
+
+    @property
+    def deleted(self):
+        """Whether the unit is deleted, as in Veit et al. (2016)'s lesion
+        study: F is taken as 0, so the unit outputs ``f(h(x))``, what its
+        shortcut carries (x for identity shortcuts; a unit that changes shape
+        still changes it, through its projection or option-A shortcut).  A
+        unit without a shortcut (a plain unit, lambda = 0) passes its input on
+        instead, which needs an unchanged shape.  Set it on a built model and
+        call the model again eagerly, or after re-creating its compiled
+        functions (``model.make_predict_function(force=True)``).
+        """
+        return getattr(self, "_deleted", False)
+
+    @deleted.setter
+    def deleted(self, value):
+        if value and not self.has_shortcut and self.changes_shape:
+            raise ValueError(f"unit {self.name!r} has no shortcut and changes the shape; it "
+                             f"cannot be deleted (nothing would carry its input on).")
+        self._deleted = bool(value)
+
     def _conv(self, filters, kernel_size, strides, name, dtype=None, **kwargs):
         kwargs.setdefault("use_bias", self.use_bias)
         return keras.layers.Conv2D(
@@ -254,6 +280,7 @@ class ResidualUnit(keras.layers.Layer):
 
         # The shortcut h(x): options A / B when the shape changes, Fig. 2(e).
         changes_shape = self.strides != 1 or in_channels != self.filters
+        self._changes_shape = changes_shape
         self.projection = self.projection_bn = self.zero_pad = None
         if self.has_shortcut and (self._shortcut.projects or (
                 changes_shape and self.dimension_shortcut == "B")):
@@ -328,7 +355,12 @@ class ResidualUnit(keras.layers.Layer):
         if self.projection is not None or self.zero_pad is not None:
             project = lambda x: self._project(x, training)  # noqa: E731
 
+        if self.deleted and not self.has_shortcut:
+            return inputs
+
         def add(x, f):
+            if self.deleted:
+                f = ops.zeros_like(f)
             return shortcuts.add(
                 self._shortcut, x, f, training=training, project=project, gate=self.gate,
                 uniform=uniform, stochastic_depth_rate=self.stochastic_depth_rate or None)

@@ -442,3 +442,45 @@ def test_old_config_with_an_argument_that_had_no_effect_warns_and_drops_it():
     with pytest.warns(UserWarning, match="gate_bias_init=-3.0 has no effect"):
         layer = ResidualUnit.from_config(config)
     assert layer.gate_bias_init is None and "gate_bias_init" not in layer.get_config()
+
+
+# --- deleting a unit (Veit et al. 2016) -------------------------------------------
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(unit="full_preactivation"), lambda x, unit: x),
+    (dict(unit="original"), lambda x, unit: np.maximum(x, 0)),        # f = ReLU
+    (dict(unit="original", shortcut="constant_scaling", shortcut_scale=0.5),
+     lambda x, unit: np.maximum(0.5 * x, 0)),
+    (dict(unit="full_preactivation", shortcut="constant_scaling", shortcut_scale=0.0),
+     lambda x, unit: x),                                               # plain: passes x on
+])
+def test_a_deleted_unit_outputs_what_its_shortcut_carries(kwargs, expected):
+    import keras_identity as ki
+
+    unit = ki.layers.ResidualUnit(8, **kwargs)
+    x = np.random.default_rng(0).normal(size=(2, 5, 5, 8)).astype(np.float32)
+    whole = keras.ops.convert_to_numpy(unit(x))
+    unit.deleted = True
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(unit(x)), expected(x, unit),
+                               atol=1e-6)
+    unit.deleted = False
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(unit(x)), whole, atol=1e-6)
+
+
+def test_a_unit_that_changes_shape_keeps_its_shortcut_and_a_plain_one_cannot_be_deleted():
+    import keras_identity as ki
+
+    x = np.random.default_rng(1).normal(size=(2, 6, 6, 4)).astype(np.float32)
+    unit = ki.layers.ResidualUnit(8, strides=2, unit="full_preactivation",
+                                  dimension_shortcut="A")
+    unit(x)
+    unit.deleted = True
+    out = keras.ops.convert_to_numpy(unit(x))
+    np.testing.assert_allclose(out[..., :4], x[:, ::2, ::2], atol=1e-6)   # option A
+    np.testing.assert_array_equal(out[..., 4:], 0.0)
+    plain = ki.layers.ResidualUnit(8, strides=2, shortcut="constant_scaling",
+                                   shortcut_scale=0.0)
+    plain(x)
+    assert plain.changes_shape and not plain.has_shortcut
+    with pytest.raises(ValueError, match="has no shortcut and changes the shape"):
+        plain.deleted = True
