@@ -27,6 +27,7 @@ equal lengths.  Every run is a ``keras-identity-train`` run with its own
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -202,9 +203,9 @@ def write_report():
         + (f" after a warm-up at {plan.warmup_rate:g} for its first {plan.warmup_steps} "
            f"iterations, as the recipe sets for this depth" if plan.warmup_steps else "")
         + f"; momentum 0.9, weight decay 1e-4, pad-4 crop + flip), stopped "
-        + (f"after {FLAGS.iterations} of its {plan.total_steps:,} iterations (the learning "
-           f"rate is the full schedule's)" if FLAGS.iterations else "at the end of its "
-           f"{plan.total_steps:,} iterations")
+        + (f"after {last} of its {plan.total_steps:,} iterations (the learning "
+           f"rate is the full schedule's)" if last < plan.total_steps else "at the end of "
+           f"its {plan.total_steps:,} iterations")
         + f". Both nets see the same images in the same order (seed 0); a second seed "
         f"(seed 1) runs {FLAGS.seed_iterations or 'no'} iterations of each. Training loss: "
         f"the mean over the {FLAGS.interval} iterations before each point (with "
@@ -214,6 +215,13 @@ def write_report():
         f"paper's; the paper's plot spans 64k iterations, so this is its first "
         f"{100 * last / plan.total_steps:.2f}%.\n\n"
         f"**Verdict**: {verdict_text}.\n")
+    if common:
+        chance = math.log(10)
+        text += (f"\nA uniform guess has a loss of ln 10 = {chance:.3f}. At iteration {last} "
+                 f"the original net is {_versus(loss_at(curves['original'], last), chance)} "
+                 f"and the pre-activation net {_versus(loss_at(curves['preact'], last), chance)}"
+                 f"; the original's first point ({curves['original'][0]['loss']:.2f} against "
+                 f"{curves['preact'][0]['loss']:.2f}) shows the loss it starts from.\n")
     text += ("\n## Training loss at fixed iterations\n\n| iteration | original (a), seed 0 | "
              "pre-activation (e), seed 0 | original, seed 1 | pre-activation, seed 1 |\n"
              "| --- | --- | --- | --- | --- |\n")
@@ -252,6 +260,11 @@ def write_report():
     text += (f"\nThe paper's scale (GPU): `python -m experiments.reproduce "
              f"--claim=he_fig1_1001 --scale=paper`.\n")
     print(f"wrote {_report.write(name, text, directory)}", flush=True)
+
+
+def _versus(loss, chance):
+    difference = loss - chance
+    return f"{abs(difference):.3f} {'above' if difference > 0 else 'below'} it"
 
 
 def _parameters(key, seed):
