@@ -168,6 +168,9 @@ def verdict(curves, seed_curves, common):
                  + ("separate the nets" if separate else "overlap between the nets"))
     if above == len(gaps) and (spread is None or (separate and gaps[-1] > spread)):
         return "reproduces at this scale: " + text
+    if above == len(gaps) and separate:
+        return (f"reproduces at {seeds_common[-1]} iterations, where the seeds separate the "
+                f"nets; at {last} the gap is within what a second seed moves a net: " + text)
     if above == 0:
         return "contradicted at this scale: " + text
     return f"does not show at {last} iterations: " + text

@@ -26,6 +26,12 @@ def test_verdict_needs_every_point_above_and_a_gap_beyond_the_seeds():
     # A gap that a second seed alone could close is not a reproduction.
     seeds["original"] = curve(8.0, 3.9, 3.1, 1.9)
     assert verdict(curves, seeds, common).startswith("does not show at 100 iterations")
+    # Seeds that separate the nets early, a gap that shrinks below their spread later.
+    closing = {"original": curve(9.0, 4.0, 3.0, 2.15), "preact": curve(2.3, 2.2, 2.1, 2.0)}
+    early = {"original": curve(8.0, 3.5), "preact": curve(2.3, 2.2)}
+    assert verdict(closing, early, common).startswith(
+        "reproduces at 50 iterations, where the seeds separate the nets; at 100 the gap is "
+        "within what a second seed moves a net: ")
     # The original below everywhere contradicts the statement.
     flipped = {"original": curves["preact"], "preact": curves["original"]}
     assert verdict(flipped, {"original": [], "preact": []}, common).startswith(
