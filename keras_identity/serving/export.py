@@ -27,20 +27,18 @@ def next_version(export_base):
 
 
 def _check_export_base(export_base):
-    """``export_base`` must be a directory this process can write (it is
-    created when missing); raises ``ValueError`` in one line otherwise."""
+    """``export_base`` must be a directory this process can write, or a path
+    it can create; raises ``ValueError`` in one line otherwise (writing
+    nothing)."""
     if os.path.exists(export_base) and not os.path.isdir(export_base):
         raise ValueError(f"export_dir={export_base!r} is a file; expected a directory of "
                          f"numbered versions (TF Serving's --model_base_path).")
-    try:
-        os.makedirs(export_base, exist_ok=True)
-        probe = os.path.join(export_base, ".write_test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as error:
-        raise ValueError(f"export_dir={export_base!r} is not a writable directory "
-                         f"({error.strerror or type(error).__name__}).") from None
+    existing = os.path.abspath(export_base)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"export_dir={export_base!r} is not writable ({existing} is not a "
+                         f"writable directory).")
 
 
 def to_float32(model):

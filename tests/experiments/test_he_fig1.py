@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.he_fig1 import verdict
+from experiments._curves import verdict
 from tests.conftest import REPO
 
 

@@ -39,9 +39,9 @@ def trained_run(tmp_path_factory):
     return root
 
 
-def test_export_cli_writes_numbered_versions(trained_run):
+def test_export_cli_writes_numbered_versions(trained_run, tmp_path):
     model = str(trained_run / "r8" / "model.keras")
-    base = str(trained_run / "serving" / "r8")
+    base = str(tmp_path / "serving" / "r8")     # its own: the server tests export too
     first = run_module("export.export_saved_model", f"--model_path={model}",
                        f"--export_dir={base}")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -462,11 +462,14 @@ def test_slow_clients_neither_starve_others_nor_outstay_the_deadline(local_serve
     ("GET", "/v1/models/r8/versions/99", 404, "Could not find version 99 of model r8"),
     ("GET", "/v1/models/other/metadata", 404, "Servable not found for request: Latest(other)"),
     ("POST", "/v2/foo", 404, "Malformed request: POST /v2/foo"),
-    ("GET", "/v1/models/r8/versions/1", 200, "AVAILABLE"),
+    ("GET", "/v1/models/r8/versions/{served}", 200, "AVAILABLE"),
 ])
 def test_unknown_models_and_versions_in_tf_servings_words(local_server, method, path, code,
                                                           message):
-    port, _, _ = local_server
+    port, url, _ = local_server
+    with urllib.request.urlopen(url, timeout=30) as response:   # the version served
+        served = json.loads(response.read())["model_version_status"][0]["version"]
+    path = path.format(served=served)
     body = b"{}" if method == "POST" else b""
     answer = _raw(port, f"{method} {path} HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n"
                   .encode() + body)
