@@ -1,8 +1,12 @@
-"""Two training curves compared as Fig. 1 of He et al. (2016) does: the
-logged training loss at a step, and the verdict on "the original unit's
-loss stays above the pre-activation unit's" (kept apart from
-``experiments.he_fig1``, whose flags a test process must not define twice).
+"""Training curves compared by the experiment programs: He et al. (2016)
+Fig. 1's reading (the logged training loss at a step, the verdict on "the
+original unit's loss stays above the pre-activation unit's"), the error at
+the end of a run, and how far two error rates may differ by sampling alone.
+Kept apart from the programs, whose flags a test process must not define
+twice.
 """
+
+import math
 
 
 def loss_at(rows, step):
@@ -48,3 +52,17 @@ def verdict(curves, seed_curves, common):
     if above == 0:
         return "contradicted at this scale: " + text
     return f"does not show at {last} iterations: " + text
+
+
+def tail_mean(rows, key="train_error", points=3):
+    """The mean of ``key`` over the last ``points`` logged points of a run."""
+    tail = rows[-points:]
+    return sum(r[key] for r in tail) / len(tail)
+
+
+def difference_margin(errors, images):
+    """Two standard errors of the difference of two error rates each measured
+    on ``images`` images (binomial sampling, at the mean of ``errors``)."""
+    values = list(errors.values()) if isinstance(errors, dict) else list(errors)
+    p = min(max(sum(values) / len(values), 0.01), 0.99)
+    return 2 * math.sqrt(2 * p * (1 - p) / images)

@@ -253,6 +253,10 @@ def main(argv):
             _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected a multiple of "
                       f"--interval={FLAGS.interval}", 2)
     total = schedule().total_steps
+    if FLAGS.iterations > total:
+        _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected at most the "
+                  f"schedule's {total:,} iterations at --batch_size={FLAGS.batch_size} (0: "
+                  f"all of them)", 2)
     if FLAGS.seed_iterations > (FLAGS.iterations or total):
         _cli.fail(f"--seed_iterations={FLAGS.seed_iterations} is not valid; expected at most "
                   f"--iterations={FLAGS.iterations or total}", 2)

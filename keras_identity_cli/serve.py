@@ -73,8 +73,12 @@ class BoundedHTTPServer(HTTPServer):
                 pass
             self.shutdown_request(request)
             return
-        threading.Thread(target=self._work, args=(request, client_address),
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._work, args=(request, client_address),
+                             daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse this one, keep serving
+            self.shutdown_request(request)
+            self._connections.release()
 
     def _work(self, request, client_address):
         try:
@@ -132,7 +136,8 @@ def route(method, path, model_name, version):
     name, asked, label = match["name"], match["version"], match["label"]
     if label is not None:
         return 404, f"Unrecognized servable version label: {label}"
-    if name != model_name or asked not in (None, str(version)):
+    if name != model_name or (asked is not None and not (
+            re.fullmatch(r"[0-9]{1,18}", asked) and int(asked) == int(version))):
         if verb is None:  # the model status API
             return 404, (f"Could not find version {asked} of model {name}" if asked
                          and name == model_name else f"Could not find any versions of model "
@@ -229,7 +234,11 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
                                           f"limit of {max_body_bytes} bytes"})
                 return
             raw = self._read_body(length)
-            if len(raw) < length:
+            if len(raw) < length and self._reader.timed_out:   # a slow client
+                self._send(408, {"error": f"the request was not complete within "
+                                          f"{read_timeout_s:g} s (--read_timeout_s)"})
+                return
+            if len(raw) < length:   # the client closed its side early
                 self._send(400, {"error": f"the body has {len(raw)} bytes, fewer than its "
                                           f"Content-Length {length}"})
                 return

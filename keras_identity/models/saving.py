@@ -7,6 +7,7 @@ the file names that no imported module registers, and what registers it.
 """
 
 import json
+import sys
 import zipfile
 
 import keras
@@ -44,9 +45,17 @@ def unknown_classes(path):
             if keras.saving.get_registered_object(name) is None:
                 missing.add(name)
         elif module:
-            try:
-                getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError):
+            # Only Keras's own modules are imported to look; a module the file
+            # names is otherwise looked up among those already imported (a
+            # file never makes this program import code).
+            if module == "keras" or module.startswith("keras."):
+                try:
+                    found = getattr(importlib.import_module(module), name, None)
+                except ImportError:
+                    found = None
+            else:
+                found = getattr(sys.modules.get(module), name, None)
+            if found is None:
                 missing.add(f"{module}.{name}")
     return sorted(missing)
 

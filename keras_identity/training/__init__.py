@@ -5,6 +5,7 @@ from keras_identity.training.checkpoints import Checkpointer
 from keras_identity.training.checkpoints import WriteError
 from keras_identity.training.optimizers import MomentumSGD
 from keras_identity.training.plots import plot_history
+from keras_identity.training.plots import plot_errors
 from keras_identity.training.plots import plot_runs
 from keras_identity.training.recipes import RECIPES
 from keras_identity.training.recipes import get_recipe

@@ -5,6 +5,7 @@ import time
 
 import keras
 
+from keras_identity.training import checkpoints
 from keras_identity.training import plots
 
 
@@ -119,12 +120,10 @@ class RunRecorder(keras.callbacks.Callback):
 def history_writer(model_dir, title):
     """Writes history.csv, history.json and curves.png into ``model_dir``."""
     import csv
-    import json
     import os
 
     def write(history):
-        with open(os.path.join(model_dir, "history.json"), "w") as f:
-            json.dump(history, f, indent=1)
+        checkpoints.write_json(os.path.join(model_dir, "history.json"), history)
         with open(os.path.join(model_dir, "history.csv"), "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(history[0]))
             writer.writeheader()

@@ -13,10 +13,37 @@ newest one that can.
 import errno
 import glob
 import json
+import math
 import os
 import re
 import shutil
 import warnings
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(path, value, indent=1):
+    """Writes ``value`` to ``path`` as JSON all at once: into a temporary file
+    that is renamed over ``path`` (a reader never sees half a file; a full
+    disk leaves the previous file).  NaN and infinities become ``null``
+    (JSON has no such numbers)."""
+    temporary = path + ".partial"
+    try:
+        with open(temporary, "w") as f:
+            json.dump(_finite(value), f, indent=indent, allow_nan=False)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
 
 
 class CheckpointError(ValueError):

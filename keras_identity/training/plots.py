@@ -1,5 +1,7 @@
 """Training curves drawn as in the papers' Figs. 1, 3 and 6: training loss
-dashed (left axis), test error solid (right axis), against iterations."""
+dashed (left axis), test error solid (right axis), against iterations; or
+training error thin and test error bold on one axis (He et al. 2015, Figs. 4
+and 6, the degradation problem)."""
 
 import json
 import os
@@ -65,3 +67,33 @@ def plot_runs(run_dirs, path, labels=None, title="", log_loss=False):
     if log_loss:
         ax_loss.set_yscale("log")
     _finish(fig, ax_loss, ax_error, path, title)
+
+
+def plot_errors(run_dirs, path, labels=None, title=""):
+    """Several runs' training error (thin, dashed) and test error (bold) on
+    one axis against iterations, as He et al. (2015) draw the degradation
+    problem (Figs. 4 and 6)."""
+    labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    if len(labels) != len(run_dirs):
+        raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
+                         f"({len(run_dirs)}).")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (run_dir, label) in enumerate(zip(run_dirs, labels)):
+        history = load_history(run_dir)
+        steps = [row["step"] for row in history]
+        color = colors[index % len(colors)]
+        ax.plot(steps, [100 * row["train_error"] for row in history], "--", color=color,
+                linewidth=1.0)
+        ax.plot(steps, [100 * row["test_error"] for row in history], "-", color=color,
+                linewidth=2.0, label=label)
+    ax.set_xlabel("iterations")
+    ax.set_ylabel("error % (training dashed, test bold)")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

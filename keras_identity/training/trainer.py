@@ -432,10 +432,13 @@ def _check_identity(path, identity):
     return saved.get("length", {})
 
 
-def _check_writable(directory):
+def check_writable(directory):
+    """Creates ``directory`` if needed and writes a file into it; raises
+    ``ValueError`` in one line when it cannot."""
     try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, ".write_test")
+        # One name per process: two runs starting together never share it.
+        probe = os.path.join(directory, f".write_test.{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
@@ -476,7 +479,8 @@ def stop_step(config, schedule):
     return min(schedule.total_steps, config.stop_at_step or schedule.total_steps)
 
 
-def _setup_precision_and_seed(config):
+def setup_precision_and_seed(config):
+    """The run's Keras dtype policy and seeds (every backend's)."""
     keras.config.set_dtype_policy(config.precision)
     keras.utils.set_random_seed(config.seed)
     set_op_determinism(config.deterministic)
@@ -511,7 +515,7 @@ def prepare(config, strategy=None):
     lock = None
     try:
         config.validate()
-        _setup_precision_and_seed(config)
+        setup_precision_and_seed(config)
         if strategy is None:
             strategy = strategies.get_strategy(config.strategy, config.tpu)
         chief = strategies.is_chief(strategy)
@@ -545,7 +549,7 @@ def prepare(config, strategy=None):
             length = _check_identity(run_path, identity)
         elif os.path.exists(config_path):
             _same_run_or_raise(config_path, config)  # runs made before run.json
-        _check_writable(config.model_dir)
+        check_writable(config.model_dir)
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()
         state = checkpointer.latest()
@@ -617,13 +621,12 @@ def _train(run, print_fn, started):
         with open(os.path.join(model_dir, RUN_FILE)) as f:
             previous_backend = json.load(f).get("backend")
     if chief:
-        with open(os.path.join(model_dir, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(config), f, indent=1)
-        with open(os.path.join(model_dir, RUN_FILE), "w") as f:
-            json.dump({"identity": run.identity,
-                       "length": {"total_steps": schedule.total_steps,
-                                  "epochs": schedule.epochs},
-                       "backend": keras.backend.backend()}, f, indent=1)
+        checkpoints.write_json(os.path.join(model_dir, "config.json"),
+                               dataclasses.asdict(config))
+        checkpoints.write_json(os.path.join(model_dir, RUN_FILE), {
+            "identity": run.identity,
+            "length": {"total_steps": schedule.total_steps, "epochs": schedule.epochs},
+            "backend": keras.backend.backend()})
         normalization_lib.save_preprocessing(
             os.path.join(model_dir, "preprocessing.json"), dataset=config.dataset,
             normalization=normalization, image_shape=data.image_shape,
@@ -710,7 +713,9 @@ def _train(run, print_fn, started):
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         else:
             print_fn(f"the run is already complete ({start_step} steps)")
-        model.save(model_path)
+        partial = os.path.join(work_dir, "model.partial.keras")  # renamed when whole
+        model.save(partial)
+        os.replace(partial, model_path)
     except OSError as error:  # the history, curves, TensorBoard or model files
         if not checkpoints.out_of_space(error):
             raise

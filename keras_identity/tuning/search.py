@@ -453,7 +453,7 @@ def _check_same_search(directory, identity):
                              f"({'; '.join(diffs)}); a search continues only with its own "
                              f"space and data; use a new --model_dir for this one.")
         return
-    trainer._check_writable(directory)
+    trainer.check_writable(directory)
     if os.listdir(directory):
         raise ValueError(f"model_dir={directory!r} is not empty and holds no {SEARCH_FILE} "
                          f"(a search started before searches were recorded, or other "
@@ -471,7 +471,7 @@ def run_search(search, print_fn=print):
     search.validate()
     config = search.train
     try:
-        trainer._setup_precision_and_seed(config)
+        trainer.setup_precision_and_seed(config)
         strategy = strategies.get_strategy(config.strategy, config.tpu)
         full = trainer.load_data(config)
         data = full.with_validation_split(search.validation_split, seed=config.seed)

@@ -50,6 +50,9 @@ def run(*args):
     (["--iterations=100", "--seed_iterations=200"], "--seed_iterations=200 is not valid; "
                                                     "expected at most --iterations=100"),
     (["--chunk=0"], "--chunk=0 is not valid; expected >= 1"),
+    (["--iterations=200000"], "--iterations=200000 is not valid; expected at most the "
+                              "schedule's 128,000 iterations at --batch_size=64 (0: all of "
+                              "them)"),
 ])
 def test_bad_flags_are_one_line(args, message):
     result = run(*args)

@@ -347,9 +347,11 @@ def local_server(trained_run, tmp_path):
     server.wait()
 
 
-def _raw(port, data, timeout=10):
+def _raw(port, data, timeout=10, close_after=False):
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as connection:
         connection.sendall(data)
+        if close_after:   # no more to come: the server sees the end of the stream
+            connection.shutdown(socket.SHUT_WR)
         answer = b""
         while True:
             chunk = connection.recv(65536)
@@ -390,7 +392,7 @@ def test_two_hundred_concurrent_clients_get_answers(local_server):
     (b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{}",
      ["413", "over the server's limit"]),
     (b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: 500\r\n\r\n{\"instances\": ",
-     ["400", "fewer than its Content-Length 500"]),
+     ["408 Request Timeout", "not complete within 1 s"]),   # the body stalls
     (b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: 77\r\n\r\n"
      b'{"signature_name": "serving_uint8", "instances": [[[[300, -1, 5]]]]}          ',
      ["400"]),
@@ -401,6 +403,19 @@ def test_malformed_requests_get_400_not_a_dropped_connection(local_server, reque
     answer = _raw(port, request_bytes)
     for word in words:
         assert word in answer, answer[:500]
+
+
+def test_a_body_cut_short_is_400_and_a_zero_padded_version_is_the_served_one(local_server):
+    port, url, _ = local_server
+    answer = _raw(port, b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: 500\r\n\r\n"
+                        b'{"instances": ', close_after=True)
+    assert answer.startswith("HTTP/1.0 400") and "fewer than its Content-Length 500" in answer
+    with urllib.request.urlopen(url, timeout=30) as response:
+        served = json.loads(response.read())["model_version_status"][0]["version"]
+    answer = _raw(port, f"GET /v1/models/r8/versions/00{served} HTTP/1.1\r\n\r\n".encode())
+    assert answer.startswith("HTTP/1.0 200") and "AVAILABLE" in answer, answer[:300]
+    answer = _raw(port, "GET /v1/models/r8/versions/\u00b2 HTTP/1.1\r\n\r\n".encode())
+    assert answer.startswith("HTTP/1.0 404"), answer[:300]
 
 
 def _slow_client(port, seconds_per_byte=0.2, limit=30.0):

@@ -51,3 +51,34 @@ def test_a_model_of_the_package_loads(tmp_path):
     model.save(path)
     assert ki.models.saving.unknown_classes(path) == []
     assert ki.models.load_model(path).count_params() == model.count_params()
+
+
+def test_a_module_the_file_names_is_never_imported(tmp_path):
+    """A .keras file naming a module (unregistered class) must not make the
+    loader import it: a file is data, never code."""
+    import json
+    import sys
+    import zipfile
+
+    model = ki.models.preact_resnet(11, input_shape=(8, 8, 3), num_classes=3)
+    path = tmp_path / "pre11.keras"
+    model.save(str(path))
+    planted = tmp_path / "planted_module_xyz.py"
+    planted.write_text("raise SystemExit('imported')\n")
+    with zipfile.ZipFile(path) as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(files["config.json"])
+    config["config"]["layers"][-1].update(module="planted_module_xyz", class_name="Evil",
+                                          registered_name=None)
+    files["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert ki.models.saving.unknown_classes(str(path)) == ["planted_module_xyz.Evil"]
+        with pytest.raises(ValueError, match="planted_module_xyz.Evil is not registered"):
+            ki.models.load_model(str(path))
+        assert "planted_module_xyz" not in sys.modules
+    finally:
+        sys.path.remove(str(tmp_path))

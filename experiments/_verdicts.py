@@ -1,0 +1,88 @@
+"""The verdicts of the lecture notes' claims (experiments.veit_deletion,
+.degradation, .looks_linear) on their measurements: pure functions, kept
+apart from the programs, whose flags a test process must not define twice.
+"""
+
+from experiments._curves import difference_margin
+
+# Veit et al. at this scale: one deleted unit costs the residual net at most
+# BARELY of test error on average, and the plain net at least COLLAPSE.
+BARELY = 0.02
+COLLAPSE = 0.30
+
+
+def deletion_verdict(results):
+    """Veit et al.'s claims at this scale, from ``{"residual": study, "plain": study}``."""
+    res, plain = results["residual"], results["plain"]
+    res_cost = mean_single_deletion(res) - res["baseline"]
+    plain_cost = mean_single_deletion(plain) - plain["baseline"]
+    worst = worst_single_deletion(res) - res["baseline"]
+    text = (f"deleting one unit costs the residual net {100 * res_cost:+.2f} points of test "
+            f"error on average (worst {100 * worst:+.2f}) and "
+            f"the plain net {100 * plain_cost:+.2f} (its error then "
+            f"{100 * mean_single_deletion(plain):.1f}%)")
+    if res_cost <= BARELY and plain_cost >= COLLAPSE:
+        return "reproduces at this scale: " + text
+    if res_cost > BARELY and plain_cost < COLLAPSE:
+        return "contradicted at this scale: " + text
+    return "partly: " + text
+
+
+def mean_single_deletion(study):
+    errors = [e for e in study["single"] if e is not None]
+    return sum(errors) / len(errors)
+
+
+def worst_single_deletion(study):
+    return max(e for e in study["single"] if e is not None)
+
+
+def smoothness(study):
+    """The largest rise of the mean error from k to k + 1 deleted units, and
+    the mean errors at k = 1, a fifth, half and all of the units."""
+    means = [sum(draws) / len(draws) for draws in study["random"]]
+    rises = [b - a for a, b in zip(means, means[1:])]
+    n = len(means)
+    marks = sorted({1, max(1, n // 5), max(1, n // 2), n})
+    return max(rises, default=0.0), {k: means[k - 1] for k in marks}
+
+
+def degradation_verdict(errors, shallow, deep, images, iterations):
+    """He et al.'s claim at this scale from ``{key: training error}``, each
+    the mean over ``images`` training images."""
+    plain_gap = errors[f"plain{deep}"] - errors[f"plain{shallow}"]
+    res_gap = errors[f"resnet{deep}"] - errors[f"resnet{shallow}"]
+    noise = difference_margin(errors, images)
+    text = (f"going from {shallow} to {deep} layers changes the plain nets' training error by "
+            f"{100 * plain_gap:+.1f} points and the ResNets' by {100 * res_gap:+.1f} (two "
+            f"standard errors of such a difference: {100 * noise:.1f} points)")
+    if plain_gap > noise and res_gap < noise:
+        return "reproduces at this scale: " + text
+    if plain_gap > noise and res_gap < plain_gap - noise:
+        return ("partly: the deeper plain net has the higher training error and the residual "
+                "nets degrade less, but the deeper ResNet is still above the shallower: "
+                + text)
+    return f"does not show at {iterations} iterations: " + text
+
+
+def looks_linear_verdict(errors, depths, images):
+    """Fig. 6's statement at this scale from ``{key: training error}``: the
+    ReLU net gets worse with depth and, at the deepest, is worse than the
+    looks-linear net, which is within sampling noise of the ResNet (or
+    better)."""
+    shallow, deep = min(depths), max(depths)
+    noise = difference_margin(errors, images)
+    relu_worse = errors[f"relu{deep}"] - errors[f"relu{shallow}"]
+    relu_gap = errors[f"relu{deep}"] - errors[f"crelu_ll{deep}"]
+    ll_gap = errors[f"crelu_ll{deep}"] - errors[f"resnet{deep}"]
+    text = (f"at depth {deep} the looks-linear net's training error is {100 * ll_gap:+.1f} "
+            f"points from the ResNet's and the ReLU net's {100 * relu_gap:+.1f} from the "
+            f"looks-linear net's; from depth {shallow} to {deep} the ReLU net's changes by "
+            f"{100 * relu_worse:+.1f} (two standard errors of a difference: "
+            f"{100 * noise:.1f} points)")
+    parts = [relu_worse > noise, relu_gap > noise, ll_gap < noise]
+    if all(parts):
+        return "reproduces at this scale: " + text
+    if not any(parts[1:]):
+        return "contradicted at this scale: " + text
+    return "partly: " + text

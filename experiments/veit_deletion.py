@@ -1,0 +1,166 @@
+r"""Residual networks as ensembles of paths (Veit et al. 2016, in the lecture notes).
+
+    python -m experiments.veit_deletion --data_dir=../shared/data      # CPU scale
+
+Trains the lecture notes' MNIST ResNet (``resnet52_mnist``: a 1x1 ``conv0``,
+25 basic units of 16 channels, 117,802 parameters) and its plain twin (the
+same net with the shortcuts removed: ``--shortcut=constant_scaling
+--shortcut_scale=0``), each a resumable ``keras-identity-train`` run with the
+same seed and data order, then deletes units of each
+(:func:`keras_identity.analysis.deletion_study`): every unit on its own, and
+``k`` units drawn at random for every ``k``.  The report states Veit et al.'s
+claims (deleting one unit of a residual network barely changes its error; the
+error grows smoothly with the units deleted; a plain network fails when one
+layer goes), ours, the scale and a verdict, with the figure of
+:func:`keras_identity.analysis.plot_deletions`.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+
+from experiments import _cli
+from experiments import _report
+from experiments import _runs
+from experiments._verdicts import BARELY
+from experiments._verdicts import COLLAPSE
+from experiments._verdicts import deletion_verdict
+from experiments._verdicts import mean_single_deletion
+from experiments._verdicts import smoothness
+from experiments._verdicts import worst_single_deletion
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data_dir", None, "MNIST (an .npz or a tfds directory; default: the "
+                    "built-in MNIST).")
+flags.DEFINE_integer("train_steps", 240, "Training iterations of each net (batch 128).")
+flags.DEFINE_integer("interval", 40, "Iterations between two logged points.")
+flags.DEFINE_integer("test_examples", 500, "Test images of the deletion study (and of the "
+                     "logged test error).")
+flags.DEFINE_integer("draws", 2, "Random draws of k deleted units, for every k.")
+flags.DEFINE_integer("seed", 0, "Seed of both runs (initialisation, data order) and of the "
+                     "draws.")
+flags.DEFINE_string("run_dir", "runs/veit_deletion", "Directory of the runs.")
+flags.DEFINE_string("report_dir", None, "Where the report goes (default: docs/results/).")
+flags.DEFINE_string("report", "veit_deletion_mnist.md", "Report name.")
+
+# (key, label, keras-identity-train flags)
+NETS = (
+    ("residual", "ResNet (identity shortcuts)", ["--model=resnet52_mnist"]),
+    ("plain", "plain twin (no shortcuts)", ["--model=resnet52_mnist",
+                                            "--shortcut=constant_scaling",
+                                            "--shortcut_scale=0"]),
+)
+
+
+def run_dir(key):
+    return os.path.join(FLAGS.run_dir, key)
+
+
+def train_argv(argv):
+    argv = [*argv, "--dataset=mnist", f"--train_steps={FLAGS.train_steps}",
+            f"--steps_per_epoch={FLAGS.interval}", f"--seed={FLAGS.seed}",
+            f"--test_examples={FLAGS.test_examples}", "--keep_checkpoints=1"]
+    return argv + ([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])
+
+
+def study(key, x_test, y_test):
+    import keras_identity as ki
+
+    model = ki.models.load_model(os.path.join(run_dir(key), "model.keras"))
+    inputs = ki.layers.model_inputs(model, x_test)
+    return ki.analysis.deletion_study(model, inputs, y_test, draws=FLAGS.draws,
+                                      seed=FLAGS.seed)
+
+
+def write_report(results):
+    import keras_identity as ki
+
+    stem = os.path.splitext(FLAGS.report)[0]
+    directory = FLAGS.report_dir or _report.RESULTS
+    verdict_text = deletion_verdict(results)
+    res = results["residual"]
+    n_units = len(res["units"])
+    summary = (f"{n_units} units, {FLAGS.train_steps} iterations, {FLAGS.test_examples} test "
+               f"images: one unit deleted, test error {100 * res['baseline']:.2f}% -> "
+               f"{100 * mean_single_deletion(res):.2f}% (residual) and "
+               f"{100 * results['plain']['baseline']:.2f}% -> "
+               f"{100 * mean_single_deletion(results['plain']):.2f}% (plain); "
+               + verdict_text.split(":")[0])
+    text = _report.header("Veit et al. (2016): deleting units of a residual and a plain net "
+                          "(MNIST)", summary=summary)
+    text += (
+        "\n**The claim** (Veit et al. 2016, in the lecture notes): a residual network behaves "
+        "like an ensemble of relatively shallow paths. Deleting a single unit of a trained "
+        "ResNet barely changes its test error, the error grows smoothly with the number of "
+        "units deleted, and deleting a layer of a plain network is fatal.\n\n"
+        f"**Ours**: the notes' MNIST ResNet (`resnet52_mnist`: conv0 1x1, {n_units} basic "
+        f"units of 16 channels, {_runs.parameters(run_dir('residual'))} parameters) and its "
+        f"plain twin ({_runs.parameters(run_dir('plain'))} parameters), "
+        f"{FLAGS.train_steps} iterations at batch 128 each "
+        f"({FLAGS.train_steps * 128 / 60000:.2f} epochs of the `highway_mnist` recipe: SGD, "
+        f"lr 0.1, momentum 0.9), seed {FLAGS.seed} for both (the same data order). Deletions "
+        f"on the first {FLAGS.test_examples} test images: a deleted residual unit outputs its "
+        f"input (F = 0), a deleted plain unit passes its input on; {FLAGS.draws} random draws "
+        f"of k units for every k. Veit et al. trained ResNet-110 and ImageNet ResNets to the "
+        f"end; this is MNIST for a fraction of an epoch.\n\n"
+        f"**Verdict**: {verdict_text}. At this scale \"barely\" is at most "
+        f"{100 * BARELY:g} points on average and \"fatal\" at least {100 * COLLAPSE:g}.\n\n"
+        "| net | test error | one unit deleted: mean | worst | largest rise of the mean "
+        "error from k to k+1 | mean error with k units deleted |\n"
+        "| --- | --- | --- | --- | --- | --- |\n")
+    for key, label, _ in NETS:
+        s = results[key]
+        rise, marks = smoothness(s)
+        text += (f"| {label} | {100 * s['baseline']:.2f}% | "
+                 f"{100 * mean_single_deletion(s):.2f}% | "
+                 f"{100 * worst_single_deletion(s):.2f}% | {100 * rise:.2f} points | "
+                 + ", ".join(f"k={k}: {100 * e:.1f}%" for k, e in marks.items()) + " |\n")
+    text += ("\n| unit | " + " | ".join(f"{label}: error with it deleted"
+                                       for _, label, _ in NETS) + " |\n| --- | --- | --- |\n")
+    for i, name in enumerate(res["units"]):
+        cells = [f"{100 * results[key]['single'][i]:.2f}%"
+                 if results[key]["single"][i] is not None else "kept" for key, *_ in NETS]
+        text += f"| {name} | " + " | ".join(cells) + " |\n"
+    figure = os.path.join(FLAGS.run_dir, f"{stem}.png")
+    ki.analysis.plot_deletions({label: results[key] for key, label, _ in NETS}, figure,
+                               title=f"{n_units}-unit nets on MNIST: units deleted")
+    text += "\n" + _report.copy_figure(figure, f"{stem}.png", directory) + "\n"
+    text += "\n## The runs\n\n| net | iterations | images/s | command |\n| --- | --- | --- | --- |\n"
+    for key, label, argv in NETS:
+        text += (f"| {label} | {_runs.reached(run_dir(key))} | "
+                 f"{_runs.median_speed(run_dir(key)):.1f} | "
+                 f"`{_runs.shown(run_dir(key), train_argv(argv))}` |\n")
+    print(f"wrote {_report.write(FLAGS.report, text, directory)}", flush=True)
+
+
+def main(argv):
+    if len(argv) > 1:
+        _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    for name in ("train_steps", "interval", "test_examples", "draws"):
+        if FLAGS[name].value < 1:
+            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 1", 2)
+    if FLAGS.train_steps % FLAGS.interval:
+        _cli.fail(f"--train_steps={FLAGS.train_steps} is not valid; expected a multiple of "
+                  f"--interval={FLAGS.interval}", 2)
+    for key, label, net_argv in NETS:
+        _runs.train(run_dir(key), train_argv(net_argv), label, FLAGS.train_steps)
+    import numpy as np
+
+    import keras_identity as ki
+
+    try:
+        data = ki.data.load_dataset("mnist", FLAGS.data_dir)
+    except ValueError as error:
+        _cli.fail(error, 2)
+    x_test = data.x_test[:FLAGS.test_examples].astype(np.float32)
+    y_test = data.y_test[:FLAGS.test_examples]
+    results = {}
+    for key, label, _ in NETS:
+        print(f"{label}: deleting units", flush=True)
+        results[key] = study(key, x_test, y_test)
+    write_report(results)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_cli.one_line_flags_parser)

@@ -1,0 +1,145 @@
+"""The lecture notes' claims: experiments.veit_deletion, .degradation and
+.looks_linear (their verdicts, bad flags, and a tiny run of each)."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments._curves import difference_margin
+from experiments._curves import tail_mean
+from tests.conftest import REPO
+
+
+def run(module, *args):
+    return subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=REPO,
+                          text=True, capture_output=True, timeout=900)
+
+
+def test_margin_is_two_standard_errors_of_a_difference():
+    # p = 0.5 on 3200 images each: sqrt(2 * 0.25 / 3200) = 0.0125, twice that.
+    assert difference_margin({"a": 0.4, "b": 0.6}, 3200) == pytest.approx(0.025)
+    assert difference_margin([0.0, 0.0], 100) == pytest.approx(2 * np.sqrt(2 * 0.0099 / 100))
+    rows = [{"train_error": e} for e in (0.9, 0.5, 0.4, 0.3)]
+    assert tail_mean(rows, points=3) == pytest.approx(0.4)
+
+
+def test_veit_verdict_and_smoothness():
+    from experiments._verdicts import deletion_verdict as verdict
+    from experiments._verdicts import smoothness
+
+    residual = {"baseline": 0.02, "single": [0.025, 0.03, None, 0.035],
+                "random": [[0.03, 0.03], [0.05, 0.07], [0.10, 0.12]]}
+    plain = {"baseline": 0.05, "single": [0.9, 0.85, None, 0.88], "random": [[0.9]] * 3}
+    text = verdict({"residual": residual, "plain": plain})
+    assert text.startswith("reproduces at this scale: deleting one unit costs the residual "
+                           "net +1.00 points of test error on average (worst +1.50) and the "
+                           "plain net +82.67")
+    assert verdict({"residual": plain, "plain": residual}).startswith("contradicted")
+    assert verdict({"residual": residual, "plain": residual}).startswith("partly")
+    rise, marks = smoothness(residual)
+    assert rise == pytest.approx(0.05) and marks == pytest.approx({1: 0.03, 3: 0.11})
+
+
+def test_degradation_verdict_needs_gaps_beyond_sampling_noise():
+    from experiments._verdicts import degradation_verdict as verdict
+
+    errors = {"plain20": 0.30, "plain56": 0.40, "resnet20": 0.30, "resnet56": 0.29}
+    assert verdict(errors, "20", "56", 9600, 200).startswith(
+        "reproduces at this scale: going from 20 to 56 layers changes the plain nets' "
+        "training error by +10.0 points and the ResNets' by -1.0 (two standard errors")
+    errors["resnet56"] = 0.35
+    assert verdict(errors, "20", "56", 9600, 200).startswith("partly")
+    # The same gaps measured on 96 images are noise.
+    assert verdict(errors, "20", "56", 96, 200).startswith(
+        "does not show at 200 iterations")
+
+
+def test_looks_linear_verdict():
+    from experiments._verdicts import looks_linear_verdict as verdict
+
+    errors = {"relu10": 0.10, "relu30": 0.60, "crelu_ll10": 0.10, "crelu_ll30": 0.12,
+              "resnet10": 0.08, "resnet30": 0.11}
+    assert verdict(errors, [10, 30], 3200).startswith(
+        "reproduces at this scale: at depth 30 the looks-linear net's training error is "
+        "+1.0 points from the ResNet's and the ReLU net's +48.0 from the looks-linear net's")
+    errors["crelu_ll30"] = 0.60
+    assert verdict(errors, [10, 30], 3200).startswith("contradicted")
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("degradation", ["--depths=20"], "--depths=20 is not valid; expected two depths 6n+2"),
+    ("degradation", ["--depths=56,20"], "--depths=56,20 is not valid"),
+    ("degradation", ["--iterations=30"], "--iterations=30 is not valid; expected a multiple "
+                                         "of --interval=25"),
+    ("looks_linear", ["--depths=10,31"], "--depths=10,31 is not valid; expected two or more "
+                                         "even depths"),
+    ("looks_linear", ["--learning_rate=0"], "--learning_rate=0 is not valid; expected > 0"),
+    ("veit_deletion", ["--draws=0"], "--draws=0 is not valid; expected >= 1"),
+    ("veit_deletion", ["--train_steps=50"], "--train_steps=50 is not valid; expected a "
+                                            "multiple of --interval=40"),
+])
+def test_bad_flags_are_one_line(module, args, message):
+    result = run(module, *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+
+
+@pytest.fixture
+def fake_data(tmp_path):
+    rng = np.random.default_rng(0)
+    mnist, cifar = tmp_path / "mnist.npz", tmp_path / "cifar.npz"
+    np.savez(mnist, x_train=rng.integers(0, 256, (256, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 256),
+             x_test=rng.integers(0, 256, (32, 28, 28), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 32))
+    np.savez(cifar, x_train=rng.integers(0, 256, (256, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 256),
+             x_test=rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 32))
+    return mnist, cifar
+
+
+def test_degradation_runs_four_nets_and_reports(tmp_path, fake_data):
+    _, cifar = fake_data
+    result = run("degradation", f"--data_dir={cifar}", "--depths=8,14", "--iterations=4",
+                 "--interval=2", "--batch_size=16", "--test_examples=16",
+                 f"--run_dir={tmp_path / 'runs'}", f"--report_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "degradation_cifar10.md").read_text()
+    assert "- summary: 4 iterations at batch 16, training error (last 6 iterations): plain-8 " \
+           in report
+    for label in ("plain-8", "plain-14", "ResNet-8", "ResNet-14"):
+        assert f"| {label} | " in report
+    assert "--shortcut_scale=0 --depth=14" in report and "--stop_at_step=4" in report
+    assert (tmp_path / "degradation_cifar10.png").stat().st_size > 1000
+    again = run("degradation", f"--data_dir={cifar}", "--depths=8,14", "--iterations=4",
+                "--interval=2", "--batch_size=16", "--test_examples=16",
+                f"--run_dir={tmp_path / 'runs'}", f"--report_dir={tmp_path}")
+    assert again.returncode == 0 and ": to iteration" not in again.stdout   # nothing retrained
+
+
+def test_looks_linear_runs_and_reports(tmp_path, fake_data):
+    mnist, _ = fake_data
+    result = run("looks_linear", f"--data_dir={mnist}", "--depths=4,6", "--iterations=2",
+                 "--interval=2", "--test_examples=16", "--gradient_depth=3",
+                 f"--run_dir={tmp_path / 'runs'}", f"--report_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "looks_linear_mnist.md").read_text()
+    assert "| 6 | CReLU, looks-linear | 18,986 |" in report
+    assert "| 6 | ReLU, He init | 19,606 |" in report
+    assert "lag-1 autocorrelation of the input gradient is" in report
+    assert '"kernel_initializer": "looks_linear"' in report
+
+
+@pytest.mark.slow
+def test_veit_deletion_runs_and_reports(tmp_path, fake_data):
+    mnist, _ = fake_data
+    result = run("veit_deletion", f"--data_dir={mnist}", "--train_steps=2", "--interval=2",
+                 "--test_examples=16", "--draws=1", f"--run_dir={tmp_path / 'runs'}",
+                 f"--report_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "veit_deletion_mnist.md").read_text()
+    assert "25 basic units of 16 channels, 117,802 parameters" in report
+    assert report.count("| stage1_unit") == 25
