@@ -17,7 +17,7 @@ import time
 from absl import app
 from absl import flags
 
-from experiments import _cli
+from keras_identity_cli import _common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("export_dir", None, "Version directory, or the base (latest version).")
@@ -42,7 +42,7 @@ def _time(fn, iterations):
 
 def main(argv):
     if len(argv) > 1:
-        _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+        _common.fail(f"unexpected arguments {argv[1:]}", 2)
     import numpy as np
     import tensorflow as tf
 
@@ -53,7 +53,7 @@ def main(argv):
     version_dir = FLAGS.export_dir
     if not os.path.exists(os.path.join(version_dir, "saved_model.pb")):
         if not os.path.isdir(version_dir):
-            _cli.fail(f"export_dir={version_dir!r} does not exist", 2)
+            _common.fail(f"export_dir={version_dir!r} does not exist", 2)
         version_dir = os.path.join(version_dir, str(latest_version(version_dir)))
     emulator = ServingEmulator(version_dir)
     loaded = tf.saved_model.load(version_dir)
@@ -102,4 +102,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_cli.one_line_flags_parser)
+    app.run(main, flags_parser=_common.one_line_flags_parser)

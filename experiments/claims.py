@@ -120,15 +120,16 @@ CLAIMS = (
           "A residual network behaves like an ensemble of shallow paths: deleting one unit "
           "of a trained ResNet barely changes its error, the error grows smoothly with the "
           "units deleted, and deleting a layer of a plain network is fatal.",
-          "ResNet-110 on CIFAR-10: most single deletions cost under 1 point; a plain net "
-          "drops to chance", "veit_deletion_mnist.md",
+          "no number in the notes (Veit et al.: single deletions barely change a trained "
+          "ResNet-110's CIFAR-10 error; a VGG net falls to chance)", "veit_deletion_mnist.md",
           ("experiments.veit_deletion", DATA),
-          "the notes' MNIST ResNet (25 units, 117,802 parameters) and its plain twin, 240 "
-          "iterations at batch 128 (0.5 epoch) each, 500 test images, 1 seed",
+          "the notes' MNIST ResNet (25 units, 117,802 parameters) and its plain twin, 480 "
+          "iterations at batch 128 (1 epoch) each, 500 test images, 1 seed",
           ("experiments.veit_deletion", DATA, "--train_steps=9360", "--interval=468",
            "--test_examples=10000", "--draws=10", "--run_dir=runs/reproduce/veit_paper",
            "--report=veit_deletion_mnist_paper.md"),
-          "20 epochs of each net: about 4 h here, minutes on one GPU (estimate)"),
+          "2 nets x 20 epochs, about 1.3 PFLOP: 2-11 min on one GPU, about 9 h here "
+          "(estimates)"),
     Claim("degradation", "He et al. 2015, Figs. 1, 4 and 6 (lecture notes)",
           "The degradation problem: a deeper plain net has the higher training error; its "
           "residual twin does not.", "CIFAR-10: plain-56 above plain-20 in training error "
@@ -139,7 +140,7 @@ CLAIMS = (
           ("experiments.degradation", DATA, "--iterations=64000", "--interval=400",
            "--test_examples=0", "--run_dir=runs/reproduce/degradation_paper",
            "--report=degradation_cifar10_paper.md"),
-          "4 runs, about 8 PFLOP in all: 15 min - 1.1 h on one GPU (estimate)"),
+          "4 runs, about 16 PFLOP in all: 30 min - 2.3 h on one GPU (estimate)"),
     Claim("looks_linear", "Balduzzi et al. 2017, Fig. 6 (lecture notes)",
           "With CReLU and the looks-linear initialisation a feedforward net trains about as "
           "well as a ResNet at depths where feedforward ReLU nets fail.",
@@ -151,7 +152,8 @@ CLAIMS = (
           ("experiments.looks_linear", DATA, "--depths=10,50,98,198", "--iterations=9360",
            "--interval=468", "--test_examples=0", "--run_dir=runs/reproduce/looks_linear_paper",
            "--report=looks_linear_mnist_paper.md"),
-          "12 runs of 20 epochs, about 40 PFLOP: 1-6 h on one GPU (estimate)"),
+          "12 runs of 20 epochs, about 14 PFLOP in all: 25 min - 2 h on one GPU "
+          "(estimate)"),
     Claim("he_table5_imagenet", "He et al. 2016, Table 5",
           "Pre-activation ResNet-200 beats the original ResNet-200 on ImageNet.",
           "21.8% -> 20.7% top-1 (320x320 crop)", None, None,

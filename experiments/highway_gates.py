@@ -2,7 +2,7 @@ r"""Gate routing and lesions of a trained highway network (Srivastava et al. 201
 
     python -m experiments.highway_gates --model_path=runs/highway_net50_mnist/model.keras
 
-Uses the model of ``python -m experiments.train`` (highway-50 on MNIST), training
+Uses the model of ``keras-identity-train`` on its defaults (highway-50 on MNIST), training
 it first if it does not exist.  Writes docs/results/highway_gates_mnist.md:
 the transform-gate biases, the mean gate activity, one example's gates and
 block outputs (Fig. 2), the class-specific deviations for digits 0 and 7

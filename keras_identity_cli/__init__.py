@@ -11,7 +11,4 @@ before Keras is imported (the backend is fixed at Keras's first import), and
 importing any ``keras_identity.*`` module runs ``keras_identity/__init__.py``,
 which imports Keras.  Nothing in this package imports keras_identity or Keras
 at module level before ``_common.select_backend()`` has run.
-
-In the repository, ``python -m experiments.train`` and the other old module
-paths are thin wrappers of these programs.
 """

@@ -372,11 +372,11 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
             a looped model's unrolled twin).
         recompute: what the looped units compute again in the backward pass
             instead of keeping it, so ResNet-1001 trains at larger batches in
-            the same memory: ``"none"`` (or ``False``); ``"bn_relu"``, the
-            BN-ReLU outputs (half the kept feature maps of a pre-activation
-            bottleneck, for one BN-ReLU pass per BN); ``"unit"`` (or
-            ``True``), everything but each unit's input (for one more forward
-            pass).  The README's Performance section has the measurements.
+            the same memory: ``"none"``; ``"bn_relu"``, the BN-ReLU outputs
+            (half the kept feature maps of a pre-activation bottleneck, for
+            one BN-ReLU pass per BN); ``"unit"``, everything but each unit's
+            input (for one more forward pass).  The README's Performance
+            section has the measurements.
             Other than ``"none"`` it loops every stage
             (``stage_mode="unrolled"`` is then an error).
         seed: seed for initialisers and random masks (reproducible builds).

@@ -56,9 +56,9 @@ def scan_unsupported_reason(unit_kwargs):
 
 
 def check_stage_mode(stage_mode, recompute="none"):
-    """Validates ``stage_mode`` and its combination with ``recompute``;
-    returns ``(stage_mode, recompute)`` with ``recompute`` normalised (see
-    :func:`keras_identity.layers.residual.check_recompute`).
+    """Validates ``stage_mode`` and its combination with ``recompute`` (see
+    :func:`keras_identity.layers.residual.check_recompute`); returns
+    ``(stage_mode, recompute)``.
 
     Raises:
         ValueError: for an unknown mode or ``recompute`` value, or any
@@ -66,12 +66,12 @@ def check_stage_mode(stage_mode, recompute="none"):
             stages).
     """
     _checks.check_choice("stage_mode", stage_mode, STAGE_MODES)
-    normalised = check_recompute(recompute)
-    if normalised != "none" and stage_mode == "unrolled":
+    check_recompute(recompute)
+    if recompute != "none" and stage_mode == "unrolled":
         raise ValueError(f"recompute={recompute!r} is not valid with stage_mode='unrolled'; "
                          f"recomputation is done by the looped stages, use "
                          f"stage_mode='scan' or 'auto'.")
-    return stage_mode, normalised
+    return stage_mode, recompute
 
 
 def resolve_stage_mode(stage_mode, num_units, unit_kwargs, recompute="none"):

@@ -38,14 +38,6 @@ class ConfigError(ValueError):
     """The configuration or the data cannot work; the message says why (one line)."""
 
 
-# Flags that must match for a run to resume from a model_dir's checkpoint
-# (with the builder arguments, compared as resolved by the registry).
-_RESUME_KEYS = ("model", "dataset", "recipe", "batch_size", "precision", "seed")
-# TrainConfig fields of the builder arguments before model_kwargs (config.json
-# of older runs).
-_OLD_MODEL_FIELDS = registry.MODEL_FLAGS
-
-
 @dataclasses.dataclass
 class TrainConfig:
     """Everything a run depends on (the CLI's flags)."""
@@ -348,36 +340,6 @@ def make_normalization(mode, data):
     return normalization_lib.Normalization(mode)
 
 
-def _saved_builder_arguments(saved):
-    """The builder arguments of a saved ``config.json`` (older runs stored
-    them as separate fields)."""
-    kwargs = saved.get("model_kwargs")
-    if kwargs is None:
-        old_defaults = {"stochastic_depth_rate": 0.0, "stage_mode": "auto",
-                        "recompute": "none"}
-        kwargs = registry.kwargs_from_flags(
-            saved["model"], **{k: saved.get(k) for k in _OLD_MODEL_FIELDS
-                               if saved.get(k) != old_defaults.get(k, object())})
-        parameters = registry.builder_of(saved["model"]).parameters
-        kwargs = {k: v for k, v in kwargs.items() if k in parameters}
-    old = TrainConfig(model=saved["model"], depth=saved.get("depth"),
-                      dataset=saved.get("dataset", "mnist"), model_kwargs=kwargs)
-    return old.builder_arguments()
-
-
-def _same_run_or_raise(path, config):
-    with open(path) as f:
-        saved = json.load(f)
-    current = dataclasses.asdict(config)
-    diffs = differences({k: saved.get(k) for k in _RESUME_KEYS},
-                        {k: current.get(k) for k in _RESUME_KEYS})
-    if not diffs:
-        diffs = differences(_saved_builder_arguments(saved), config.builder_arguments())
-    if diffs:
-        raise ValueError(f"model_dir={config.model_dir!r} holds a run started with other "
-                         f"flags ({'; '.join(diffs)}); use a new --model_dir.")
-
-
 def run_identity(config, data, recipe, schedule, normalization, augmentation):
     """Everything that changes what a training step computes, by flag name.
 
@@ -395,8 +357,7 @@ def run_identity(config, data, recipe, schedule, normalization, augmentation):
         "steps_per_epoch": schedule.steps_per_epoch, "normalization": normalization.mode,
         "augmentation": augmentation, "precision": config.precision, "seed": config.seed,
         "deterministic": config.deterministic, "eval_crop": config.eval_crop,
-        # Only when given, so that runs from before the flag resume.
-        **({"lr_decay": config.lr_decay} if config.lr_decay is not None else {})}
+        "lr_decay": config.lr_decay}
 
 
 def differences(before, now):
@@ -543,12 +504,9 @@ def prepare(config, strategy=None):
         checkpointer = checkpoints.Checkpointer(
             os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints)
         run_path = os.path.join(config.model_dir, RUN_FILE)
-        config_path = os.path.join(config.model_dir, "config.json")
         length = None
         if os.path.exists(run_path):
             length = _check_identity(run_path, identity)
-        elif os.path.exists(config_path):
-            _same_run_or_raise(config_path, config)  # runs made before run.json
         check_writable(config.model_dir)
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()

@@ -3,7 +3,6 @@
 et al. 2015, Sec. 3.1)."""
 
 from keras_identity.tuning.hypermodel import DEFAULT_GATE_BIASES
-from keras_identity.tuning.hypermodel import GateBiasHyperModel
 from keras_identity.tuning.hypermodel import Range
 from keras_identity.tuning.hypermodel import TrainingHyperModel
 from keras_identity.tuning.hypermodel import parse_range

@@ -229,10 +229,6 @@ class TrainingHyperModel(keras_tuner.HyperModel):
                                      config.jit_compile)
 
 
-# The hyper-model of the gate-bias search (its first use; kept as an alias).
-GateBiasHyperModel = TrainingHyperModel
-
-
 def apply_values(config, values):
     """``config`` with a trial's values: the gate bias and the activation go
     to the builder, the others to the ``TrainConfig`` fields of their name."""

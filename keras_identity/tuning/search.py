@@ -409,12 +409,16 @@ def search_identity(search, data, recipe):
         values = dimension_values(name, space.get(name, ()))
         return values.describe() if isinstance(values, Range) else list(values)
 
-    identity = {
+    return {
         "tuner": search.tuner,
         "gate_biases": dimension("gate_bias_init"),
         "learning_rates": dimension("learning_rate"),
         "weight_decays": dimension("weight_decay"),
         "depths": dimension("depth"),
+        "momentums": dimension("momentum"),
+        "lr_decays": dimension("lr_decay"),
+        "activations": dimension("activation"),
+        "objective": search.objective,
         "epochs": config.epochs, "validation_split": search.validation_split,
         "model": config.model, "model_kwargs": config.builder_arguments(),
         "dataset": config.dataset, "data_dir": data.fingerprint,
@@ -423,17 +427,8 @@ def search_identity(search, data, recipe):
         "seed": config.seed, "normalization": config.normalization,
         "augmentation": config.augmentation, "learning_rate": config.learning_rate,
         "momentum": config.momentum, "weight_decay": config.weight_decay,
-        "warmup_steps": config.warmup_steps, "steps_per_epoch": config.steps_per_epoch,
-        "deterministic": config.deterministic}
-    # Added later: recorded only when set, so that older searches continue.
-    for name in ("momentum", "lr_decay", "activation"):
-        if name in space:
-            identity[FLAG_NAMES[name]] = dimension(name)
-    if config.lr_decay is not None:
-        identity["lr_decay"] = config.lr_decay
-    if search.objective != "val_error":
-        identity["objective"] = search.objective
-    return identity
+        "lr_decay": config.lr_decay, "warmup_steps": config.warmup_steps,
+        "steps_per_epoch": config.steps_per_epoch, "deterministic": config.deterministic}
 
 
 def _check_same_search(directory, identity):
@@ -456,8 +451,7 @@ def _check_same_search(directory, identity):
     trainer.check_writable(directory)
     if os.listdir(directory):
         raise ValueError(f"model_dir={directory!r} is not empty and holds no {SEARCH_FILE} "
-                         f"(a search started before searches were recorded, or other "
-                         f"files); use a new --model_dir.")
+                         f"(not a search directory); use a new --model_dir.")
     with open(path, "w") as f:
         json.dump(identity, f, indent=1)
 

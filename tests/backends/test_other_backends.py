@@ -45,7 +45,7 @@ def test_torch_backend_runs_unrolled_models_and_refuses_the_rest():
 
 
 def test_an_unknown_backend_flag_is_refused_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "experiments.train", "--backend=torch"],
+    done = subprocess.run([sys.executable, "-m", "keras_identity_cli.train", "--backend=torch"],
                           capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                               os.path.abspath(__file__)))))

@@ -38,7 +38,7 @@ def run_cli(module, *args, timeout=300):
     (["positional"], ["unexpected arguments"]),
 ])
 def test_bad_flags_exit_non_zero_with_one_line(args, words, tmp_path):
-    result = run_cli("experiments.train", *args, f"--model_dir={tmp_path}")
+    result = run_cli("keras_identity_cli.train", *args, f"--model_dir={tmp_path}")
     assert result.returncode == 2
     lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1, result.stderr[-2000:]
@@ -47,7 +47,7 @@ def test_bad_flags_exit_non_zero_with_one_line(args, words, tmp_path):
 
 
 def test_killed_run_resumes_from_its_checkpoint(tmp_path):
-    args = ["-m", "experiments.train", "--model=highway_net", "--depth=30",
+    args = ["-m", "keras_identity_cli.train", "--model=highway_net", "--depth=30",
             "--train_examples=20000", "--test_examples=500", "--batch_size=256",
             "--steps_per_epoch=10", "--epochs=12", "--verbose=0", "--seed=2",
             f"--model_dir={tmp_path}"]
@@ -91,6 +91,6 @@ def test_plot_runs(tmp_path):
 def test_helpshort_lists_the_program_and_model_flags():
     """The flags live in keras_identity_cli; --helpshort of the wrapper (and of
     the console command, whose argv[0] is its script) still lists them."""
-    result = run_cli("experiments.train", "--helpshort")  # absl exits 1 after help
+    result = run_cli("keras_identity_cli.train", "--helpshort")  # absl exits 1 after help
     for flag in ("--model:", "--shortcut:", "--gate_bias_init:", "--backend:", "--data_dir:"):
         assert flag in result.stdout, flag

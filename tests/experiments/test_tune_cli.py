@@ -1,4 +1,4 @@
-"""experiments.tune killed mid-search and started again."""
+"""keras-identity-tune killed mid-search and started again."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 
 def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
-    args = [sys.executable, "-m", "experiments.tune", "--model=highway_net", "--depth=20",
+    args = [sys.executable, "-m", "keras_identity_cli.tune", "--model=highway_net", "--depth=20",
             "--train_examples=12000", "--epochs=2", "--gate_biases=0,-3,-6", "--verbose=0",
             f"--model_dir={tmp_path}"]
     process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
@@ -40,7 +40,7 @@ def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
 def test_bad_flags(tmp_path):
     # One line each; the search's own checks (ranges with the grid, max_trials,
     # objectives, gate biases of plain nets) are tested in tests/tuning.
-    result = subprocess.run([sys.executable, "-m", "experiments.tune", "--model=resnet",
+    result = subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", "--model=resnet",
                              "--depth=20", "--dataset=cifar10", f"--model_dir={tmp_path}"],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
@@ -52,7 +52,7 @@ def test_bad_flags(tmp_path):
             (["--depth=10", "--depths=10,20"], ["--depth and --depths are exclusive"]),
             (["--tuner=hyperband", "--max_trials=3"], ["--max_trials does not apply"]),
             (["--retrain_epochs=3"], ["--retrain_epochs applies with --retrain_best"])]:
-        result = subprocess.run([sys.executable, "-m", "experiments.tune", *flags,
+        result = subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", *flags,
                                  f"--model_dir={tmp_path}"],
                                 cwd=REPO, capture_output=True, text=True, timeout=120)
         assert result.returncode != 0, flags

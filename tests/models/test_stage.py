@@ -143,12 +143,11 @@ def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
                                rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("recompute", [False, "bn_relu", True])
+@pytest.mark.parametrize("recompute", ["none", "bn_relu", "unit"])
 def test_scan_model_trains_with_xla(recompute):
     model = ki.models.preact_resnet(29, stage_mode="scan", recompute=recompute,
                                     input_shape=(8, 8, 3), seed=0)
-    expected = {False: "none", "bn_relu": "bn_relu", True: "unit"}[recompute]
-    assert model.get_layer("stage1_units2to3").recompute == expected
+    assert model.get_layer("stage1_units2to3").recompute == recompute
     model.compile(keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy",
                   jit_compile=True)
     rng = np.random.default_rng(0)
@@ -176,9 +175,10 @@ def test_scan_model_keras_and_savedmodel_round_trip(tmp_path):
      "shortcut='identity'"),
     (dict(shortcut="exclusive_gating", shortcut_scale=0.5), "shortcut_scale=0.5 does not "
      "apply to shortcut='exclusive_gating'; it is an argument of shortcut='constant_scaling'"),
-    (dict(stage_mode="unrolled", recompute=True), "recompute=True.*unrolled"),
+    (dict(stage_mode="unrolled", recompute="unit"), "recompute='unit'.*unrolled"),
     (dict(stage_mode="unrolled", recompute="bn_relu"), "recompute='bn_relu'.*unrolled"),
     (dict(recompute="activations"), "recompute='activations' is not valid"),
+    (dict(recompute=True), "recompute=True is not valid"),
 ])
 def test_bad_stage_mode_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -29,7 +29,7 @@ def _free_ports(n):
 
 
 def _run(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "experiments.train", *FLAGS, *args],
+    return subprocess.Popen([sys.executable, "-m", "keras_identity_cli.train", *FLAGS, *args],
                             cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 

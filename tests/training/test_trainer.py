@@ -165,8 +165,8 @@ def test_cifar_recipe_applies_augmentation_and_per_pixel_mean(tmp_path, cifar_li
     (dict(model="plain_net", model_kwargs=dict(gate_bias_init=-1.0)), ["gate_bias_init"]),
     (dict(model="resnet", model_kwargs=dict(stage_mode="looped")),
      ["stage_mode='looped'", "'scan'"]),
-    (dict(model="preact_resnet", model_kwargs=dict(stage_mode="unrolled", recompute=True)),
-     ["recompute=True", "unrolled"]),
+    (dict(model="preact_resnet", model_kwargs=dict(stage_mode="unrolled", recompute="unit")),
+     ["recompute='unit'", "unrolled"]),
     # Builder arguments are validated by the builder's own checks, once.
     (dict(model="resnet", model_kwargs=dict(gate_bias_init=-6.0)),
      ["gate_bias_init=-6.0 does not apply to shortcut='identity'"]),
@@ -237,22 +237,17 @@ def test_model_kwargs_reach_the_builder(mnist_npz):
         "transform_bias_init": -2.0}
 
 
-def test_resume_compares_builder_arguments_also_with_old_config_files(tmp_path):
-    # config.json of runs made before model_kwargs stored the flags as fields.
-    old = dict(model="resnet", depth=20, dataset="cifar10", recipe=None, batch_size=None,
-               precision="float32", seed=0, unit=None, shortcut="exclusive_gating",
-               block=None, gate_bias_init=-6.0, shortcut_scale=None, scale_residual=None,
-               shortcut_dropout_rate=None, stochastic_depth_rate=0.0, stage_mode="auto",
-               recompute="none")
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(old))
-    same = TrainConfig(model="resnet", depth=20, dataset="cifar10", model_kwargs=dict(
-        shortcut="exclusive_gating", gate_bias_init=-6.0))
-    trainer._same_run_or_raise(str(path), same)
-    other = dataclasses.replace(same, model_kwargs=dict(shortcut="exclusive_gating",
-                                                        gate_bias_init=-2.0))
-    with pytest.raises(ValueError, match=r"gate_bias_init: -6.0 != -2.0"):
-        trainer._same_run_or_raise(str(path), other)
+def test_resume_compares_builder_arguments_one_by_one(tmp_path):
+    config = TrainConfig(model="highway_net", depth=3, train_examples=256, test_examples=64,
+                         model_kwargs=dict(transform_bias_init=-2.0),
+                         model_dir=str(tmp_path / "run"))
+    first = trainer.prepare(config)
+    first.lock.release()
+    (tmp_path / "run" / trainer.RUN_FILE).write_text(json.dumps({"identity": first.identity}))
+    trainer.prepare(config).lock.release()
+    other = dataclasses.replace(config, model_kwargs=dict(transform_bias_init=-3.0))
+    with pytest.raises(ConfigError, match=r"transform_bias_init: -2.0 != -3.0"):
+        trainer.prepare(other)
 
 
 # --- a changed input never silently resumes a run (issue 20: 1, 3, 6, 8) ------
@@ -369,26 +364,15 @@ def test_lr_decay_sets_the_exponential_schedule_and_the_run_identity(tmp_path, m
     assert rates == pytest.approx([0.1 * 0.5 ** 0.75, 0.1 * 0.5 ** 1.75])
     identity = json.loads((tmp_path / "run" / "run.json").read_text())["identity"]
     assert identity["lr_decay"] == 0.5
-    # Without the flag the identity has no lr_decay key: runs from before it resume.
+    # Without the flag the identity records lr_decay None.
     plain = dataclasses.replace(config, lr_decay=None)
     prepared = trainer.prepare(dataclasses.replace(plain, model_dir=str(tmp_path / "b")))
-    assert "lr_decay" not in prepared.identity
-    with pytest.raises(ConfigError, match=r"lr_decay: 0.5 != None|lr_decay"):
+    prepared.lock.release()
+    assert prepared.identity["lr_decay"] is None
+    with pytest.raises(ConfigError, match=r"lr_decay: 0.5 != None"):
+        trainer.prepare(plain)
+    with pytest.raises(ConfigError, match=r"lr_decay: 0.5 != 0.8"):
         train(dataclasses.replace(config, lr_decay=0.8), print_fn=quiet)
-
-
-def test_old_highway_config_files_resume(tmp_path):
-    # Older config.json files store stage_mode/recompute/stochastic_depth_rate
-    # for every model; a highway net takes none of them.
-    old = dict(model="highway_net", depth=10, dataset="mnist", recipe=None, batch_size=None,
-               precision="float32", seed=0, unit=None, shortcut=None, block=None,
-               gate_bias_init=-2.0, shortcut_scale=None, scale_residual=None,
-               shortcut_dropout_rate=None, stochastic_depth_rate=0.0, stage_mode="auto",
-               recompute="none")
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(old))
-    trainer._same_run_or_raise(str(path), TrainConfig(
-        model="highway_net", depth=10, model_kwargs=dict(transform_bias_init=-2.0)))
 
 
 # --- hardening, round three (issue 31: 3, 4, 6) ----------------------------------

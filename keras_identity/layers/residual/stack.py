@@ -24,7 +24,6 @@ from keras_identity.layers.fused_batch_normalization import update_moving_statis
 from keras_identity.layers.residual import blocks
 from keras_identity.layers.residual import orderings
 from keras_identity.layers.residual import shortcuts
-from keras_identity.layers.residual.unit import migrate_shortcut_config
 from keras_identity.layers.residual.unit import set_weight_arguments
 from keras_identity.layers.residual.unit import weight_config
 
@@ -33,23 +32,12 @@ RECOMPUTE = ("none", "bn_relu", "unit")
 
 
 def check_recompute(recompute):
-    """``recompute`` as one of :data:`RECOMPUTE`.
-
-    ``False``/``None`` mean ``"none"`` and ``True`` means ``"unit"`` (the
-    whole-unit recomputation that ``recompute=True`` always selected).
+    """``recompute`` if it is one of :data:`RECOMPUTE`.
 
     Raises:
         ValueError: for any other value.
     """
-    if recompute is None or recompute is False:
-        return "none"
-    if recompute is True:
-        return "unit"
-    if isinstance(recompute, str) and recompute in RECOMPUTE:
-        return recompute
-    choices = ", ".join(repr(r) for r in RECOMPUTE)
-    raise ValueError(f"recompute={recompute!r} is not valid; expected one of: {choices} "
-                     f"(or True for 'unit', False for 'none').")
+    return _checks.check_choice("recompute", recompute, RECOMPUTE)
 
 
 def _loop():
@@ -118,12 +106,12 @@ class ResidualStack(keras.layers.Layer):
         kernel_regularizer: applied to every stacked kernel (a sum over
             units, as for the unrolled layers with an additive penalty).
         recompute: what the backward pass computes again rather than keeps:
-            ``"none"`` (or ``False``) keeps every tensor the gradient reads;
+            ``"none"`` keeps every tensor the gradient reads;
             ``"bn_relu"`` recomputes each BN-ReLU output from the BN's input,
             halving a pre-activation bottleneck stage's activation memory
-            for one BN-ReLU pass per BN; ``"unit"`` (or ``True``) keeps only
-            each unit's input and runs the unit forward again, one feature
-            map per unit for one more forward pass of compute.
+            for one BN-ReLU pass per BN; ``"unit"`` keeps only each unit's
+            input and runs the unit forward again, one feature map per unit
+            for one more forward pass of compute.
         seed: seed of the random masks; unit ``j`` draws what an unrolled
             unit seeded ``seed + j`` draws.
     """
@@ -164,10 +152,6 @@ class ResidualStack(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed) if needs_rng else None
         self._program = orderings.unit_program(self.unit, blocks.LAYERS_PER_UNIT[self.block])
         _loop()
-
-    @classmethod
-    def from_config(cls, config):
-        return super().from_config(migrate_shortcut_config(config))
 
     # ------------------------------------------------------------------ build
     def _stacked_kernel(self, shape):

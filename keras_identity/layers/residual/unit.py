@@ -6,8 +6,6 @@ A/B, :mod:`.shortcuts`), plus the first-unit and last-unit activation rules
 of the paper's appendix and stochastic depth (Huang et al. 2016).
 """
 
-import warnings
-
 import keras
 from keras import ops
 
@@ -52,27 +50,6 @@ def check_preactivation(unit, preactivation, post_activation):
             f"apply to the pre-activation units {orderings.PREACTIVATION_UNITS}; unit="
             f"{unit!r} takes preactivation='residual' and post_activation=False.")
     return preactivation
-
-
-def migrate_shortcut_config(config):
-    """Drops shortcut arguments that do not apply to the config's shortcut.
-
-    ``.keras`` files written before the arguments were refused store all of
-    them; those that did not apply were ignored and are dropped here (with a
-    warning if one was not its default, i.e. was set and had no effect).
-    """
-    config = dict(config)
-    shortcut = config.get("shortcut", "identity")
-    if shortcut not in shortcuts.SHORTCUTS:
-        return config
-    applies = shortcuts.get(shortcut).parameters
-    for parameter, default in shortcuts.DEFAULTS.items():
-        if parameter in config and parameter not in applies:
-            value = config.pop(parameter)
-            if value is not None and value != default:
-                warnings.warn(f"{config.get('name')}: {parameter}={value!r} has no effect "
-                              f"with shortcut={shortcut!r} and is dropped.", stacklevel=3)
-    return config
 
 
 @keras.saving.register_keras_serializable(package="keras_identity")
@@ -177,10 +154,6 @@ class ResidualUnit(keras.layers.Layer):
         self._program = orderings.unit_program(
             self.unit, blocks.LAYERS_PER_UNIT[self.block], self.preactivation,
             self.post_activation)
-
-    @classmethod
-    def from_config(cls, config):
-        return super().from_config(migrate_shortcut_config(config))
 
     # ------------------------------------------------------------------ build
     @property

@@ -24,7 +24,7 @@ SHORTCUT_ARGS = {
     "dropout": dict(shortcut_dropout_rate=0.3)}
 
 
-def _pair(unit, block, num_units=3, filters=8, recompute=False, shortcut="identity",
+def _pair(unit, block, num_units=3, filters=8, recompute="none", shortcut="identity",
           rates=None, size=6):
     """An unrolled chain of units and a stack holding the same weights (and,
     for random shortcuts, the same seeds: unit j of the stack draws as the
@@ -349,14 +349,6 @@ def test_shortcut_config_round_trip(shortcut):
     assert {k for k in ("shortcut_scale", "scale_residual", "gate_bias_init",
                         "shortcut_dropout_rate") if k in config} == set(SHORTCUT_ARGS[shortcut])
     assert ResidualStack.from_config(config).get_config() == config
-
-
-def test_configs_with_boolean_recompute_still_load():
-    # recompute was a bool before "bn_relu": True meant the whole unit.
-    config = ResidualStack(8, 2).get_config()
-    assert config["recompute"] == "none"
-    config["recompute"] = True
-    assert ResidualStack.from_config(config).recompute == "unit"
 
 
 def test_input_channels_must_match_filters():

@@ -69,12 +69,14 @@ def test_bn_relu_recompute_keeps_half_the_feature_maps_of_a_bottleneck():
 
 
 def test_check_recompute():
-    assert check_recompute(False) == check_recompute(None) == "none"
-    assert check_recompute(True) == "unit"
-    assert check_recompute("bn_relu") == "bn_relu"
+    assert [check_recompute(r) for r in ("none", "bn_relu", "unit")] == ["none", "bn_relu",
+                                                                          "unit"]
     with pytest.raises(ValueError, match="recompute='all' is not valid.*'none', 'bn_relu', "
                                          "'unit'"):
         check_recompute("all")
+    for value in (True, False, None):
+        with pytest.raises(ValueError, match=f"recompute={value} is not valid"):
+            check_recompute(value)
 
 
 def _unit_weights(program, num_layers, channels, use_bias, rng):

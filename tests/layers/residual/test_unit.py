@@ -1,6 +1,3 @@
-import json
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -390,58 +387,6 @@ def test_config_holds_only_the_arguments_of_its_shortcut(shortcut):
     present = {p for p in shortcuts.PARAMETERS if p in config}
     assert present == set(shortcuts.get(shortcut).parameters)
     assert ResidualUnit.from_config(config).get_config() == config
-
-
-# --- .keras files and configs written before the residual package -------------
-
-DATA = os.path.join(os.path.dirname(__file__), "data")
-_V0_MODELS = {
-    "gated": dict(depth=8, shortcut="exclusive_gating", gate_bias_init=-2.0,
-                  unit="full_preactivation"),
-    "original_conv1x1": dict(depth=8, shortcut="conv1x1"),
-    "scan_preact": dict(depth=29, unit="full_preactivation", stage_mode="scan"),
-}
-
-
-def _v0_outputs():
-    with open(os.path.join(DATA, "v0_outputs.json")) as f:
-        saved = json.load(f)
-    return np.asarray(saved["x"], "float32"), saved["outputs"]
-
-
-def test_keras_file_written_before_loads_with_the_same_outputs():
-    x, outputs = _v0_outputs()
-    model = keras.models.load_model(os.path.join(DATA, "v0_gated_resnet8.keras"),
-                                    safe_mode=True)
-    np.testing.assert_allclose(model.predict(x, verbose=0), outputs["gated"], rtol=1e-5,
-                               atol=1e-6)
-    config = model.get_layer("stage2_unit1").get_config()
-    assert config["gate_bias_init"] == -2.0
-    assert "shortcut_scale" not in config and "shortcut_dropout_rate" not in config
-
-
-@pytest.mark.parametrize("name", sorted(_V0_MODELS))
-def test_configs_written_before_build_todays_network(name):
-    with open(os.path.join(DATA, f"v0_{name}_config.json")) as f:
-        old = keras.saving.deserialize_keras_object(json.load(f))
-    new = ki.models.resnet(input_shape=(8, 8, 3), num_classes=3, seed=1, **_V0_MODELS[name])
-    assert [(w.path, tuple(w.shape)) for w in old.weights] == [
-        (w.path, tuple(w.shape)) for w in new.weights]
-    assert [l.name for l in old.layers] == [l.name for l in new.layers]
-    residual = (ResidualUnit, ki.layers.ResidualStack)
-    for layer in [l for l in new.layers if isinstance(l, residual)]:
-        # The same arguments, but each unit now draws from a seed of its own.
-        expected = {k: v for k, v in layer.get_config().items() if k != "seed"}
-        got = {k: v for k, v in old.get_layer(layer.name).get_config().items() if k != "seed"}
-        assert got == expected, layer.name
-
-
-def test_old_config_with_an_argument_that_had_no_effect_warns_and_drops_it():
-    config = ResidualUnit(8, name="u").get_config()
-    config.update(gate_bias_init=-3.0, shortcut_scale=0.5)  # as v0 files wrote them
-    with pytest.warns(UserWarning, match="gate_bias_init=-3.0 has no effect"):
-        layer = ResidualUnit.from_config(config)
-    assert layer.gate_bias_init is None and "gate_bias_init" not in layer.get_config()
 
 
 # --- deleting a unit (Veit et al. 2016) -------------------------------------------
