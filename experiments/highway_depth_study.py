@@ -63,9 +63,9 @@ def _run(kind, depth, lr):
 
 
 def _plot(best, path):
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     depths = sorted({b["depth"] for b in best.values()})
     fig, axes = plt.subplots(1, len(depths), figsize=(3.2 * len(depths), 3.4), sharey=True)
     for ax, depth in zip(axes, depths):

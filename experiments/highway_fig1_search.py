@@ -136,9 +136,9 @@ def report(summaries):
 
 
 def _plot(summaries, path):
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for s in summaries:
         if not s["curve"]:

@@ -155,11 +155,11 @@ how much of the gradient reaches the first units unchanged.
 def shattered_report():
     import keras_identity as ki
 
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
     depths = (1, 2, 4, 8, 16, 32, 50)
     rows, curves = ki.analysis.shattering_study(depths=depths)
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     ax1.plot(depths, [r["plain"] for r in rows], "o-", label="plain (Dense-BN-ReLU)")
     ax1.plot(depths, [r["residual"] for r in rows], "o-", label="residual (pre-activation)")

@@ -71,9 +71,9 @@ def plot_deletions(results, path, title=""):
     """Veit et al.'s Figs. 3 and 5 side by side for one or more nets
     (``{label: deletion_study(...)}``): the error with each single unit
     deleted, and the mean error (and spread) against the units deleted."""
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (single, many) = plt.subplots(1, 2, figsize=(11, 3.8))
     for label, result in results.items():
         index = np.arange(1, len(result["single"]) + 1)

@@ -89,9 +89,9 @@ def lesion_study(model, inputs, labels, batch_size=1024):
 
 def plot_gate_statistics(stats, path, classes=(0, 7), title=""):
     """Fig. 2's four columns, then Fig. 3's class differences for ``classes``."""
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     panels = [("transform gate biases", stats.biases, "viridis"),
               ("mean gate output", stats.mean, "viridis"),
               ("gate outputs, one example", stats.example, "viridis"),
@@ -119,9 +119,9 @@ def plot_gate_statistics(stats, path, classes=(0, 7), title=""):
 
 def plot_lesions(result, path, title=""):
     """Fig. 4: error with one layer lesioned, against the layer."""
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     index = np.arange(1, len(result["errors"]) + 1)
     ax.plot(index, 100 * np.array(result["errors"]), "o-", markersize=3, label="lesioned")

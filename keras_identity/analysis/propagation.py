@@ -121,9 +121,9 @@ def signal_propagation(model, inputs, labels=None, layers=None, training=True, s
 def plot_propagation(results, path, title="", what="gradient"):
     """Relative gradient (or forward) norm against the unit index, one curve
     per entry of ``results`` ({label: Propagation}), log scale."""
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, result in results.items():
         values = result.relative_gradient if what == "gradient" else result.relative_forward

@@ -35,7 +35,7 @@ from keras_identity.layers.highway import CARRY_GATES
 from keras_identity.layers.highway import Highway
 from keras_identity.layers.highway import HighwayConv2D
 from keras_identity.data.facts import NUM_CLASSES
-from keras_identity.models.resnet import _check_input_shape
+from keras_identity.models.resnet import check_input_shape
 from keras_identity.models.resnet import check_top
 from keras_identity.models.resnet import input_normalization
 from keras_identity.models.resnet import pooled_features
@@ -142,7 +142,7 @@ def _common(depth, dataset, architecture, activation, num_classes, input_shape, 
     _checks.check_choice("activation", activation, activations)
     num_classes = NUM_CLASSES[dataset] if num_classes is None else num_classes
     _checks.check_positive_int("num_classes", num_classes, minimum=2)
-    return architecture, num_classes, _check_input_shape(input_shape, dataset)
+    return architecture, num_classes, check_input_shape(input_shape, dataset)
 
 
 def _net(depth, *, highway, dataset, architecture, width, activation, transform_bias_init,

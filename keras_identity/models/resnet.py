@@ -122,7 +122,9 @@ def resolve_depth(depth, dataset="cifar10", block=None):
     raise ValueError(f"depth={depth} is not valid for {dataset} ResNets: {forms}.")
 
 
-def _check_input_shape(input_shape, dataset):
+def check_input_shape(input_shape, dataset):
+    """``input_shape`` as a tuple (the dataset's image shape when ``None``);
+    raises ``ValueError`` in one line for a shape a builder cannot take."""
     if input_shape is None:
         return IMAGE_SHAPES[dataset]
     shape = tuple(input_shape)
@@ -281,7 +283,7 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
         raise ValueError("num_classes=1 is not valid with classifier_activation='softmax' "
                          "(a softmax over one class is always 1); use num_classes >= 2, or "
                          "classifier_activation='sigmoid' for a binary output.")
-    input_shape = _check_input_shape(input_shape, dataset)
+    input_shape = check_input_shape(input_shape, dataset)
     _check_input_size(input_shape, family, block, stride_on_1x1, depth)
     _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
                         high_inclusive=False)

@@ -7,7 +7,8 @@ import json
 import os
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,12 +35,12 @@ def _finish(fig, ax_loss, ax_error, path, title):
         ax_error.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
 
 
 def plot_history(history, path, title=""):
     """One run's curves to ``path`` (PNG)."""
-    fig, ax_loss = _pyplot().subplots(figsize=(7, 4.2))
+    fig, ax_loss = pyplot().subplots(figsize=(7, 4.2))
     ax_error = ax_loss.twinx()
     _draw(ax_loss, ax_error, history, "tab:blue", None)
     _finish(fig, ax_loss, ax_error, path, title)
@@ -58,7 +59,7 @@ def plot_runs(run_dirs, path, labels=None, title="", log_loss=False):
     if len(labels) != len(run_dirs):
         raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
                          f"({len(run_dirs)}).")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax_loss = plt.subplots(figsize=(7, 4.2))
     ax_error = ax_loss.twinx()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -77,7 +78,7 @@ def plot_errors(run_dirs, path, labels=None, title=""):
     if len(labels) != len(run_dirs):
         raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
                          f"({len(run_dirs)}).")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (run_dir, label) in enumerate(zip(run_dirs, labels)):

@@ -341,9 +341,9 @@ def _plot_axis(rows):
 
 
 def _plot(rows, path, title, objective="val_error"):
-    from keras_identity.training.plots import _pyplot
+    from keras_identity.training.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     x_name = _plot_axis(rows)
     scale = 1.0 if objective == "train_loss" else 100.0
 
