@@ -35,55 +35,16 @@ def shared_dir():
     return SHARED
 
 
-# --- CI's JAX leg ------------------------------------------------------------
-# `KERAS_BACKEND=jax python -m pytest -q --jax-leg` runs the tests whose code
-# differs on JAX (the looped stage, training and distribution, export, the
-# TensorFlow == JAX checks) within CI's time budget; without --jax-leg every
-# test runs on JAX (about 25 minutes on 2 CPU cores).
-JAX_LEG = (
-    "tests/backends/",
-    "tests/layers/residual/test_stack.py",
-    "tests/models/test_stage.py",
-    "tests/training/test_jax_distribution.py",
-    "tests/training/test_trainer.py::test_short_real_mnist_run_is_well_above_chance",
-    "tests/training/test_trainer.py::test_mixed_bfloat16_xla_step_as_on_a_tpu",
-    "tests/experiments/test_train_cli.py::test_killed_run_resumes_from_its_checkpoint",
-    "tests/tuning/test_search.py::test_small_grid_search_writes_its_table_and_retrains_the_best",
-    "tests/serving/test_export.py::test_fresh_process_matches_model_predict",
-    "tests/serving/test_export.py::test_saved_model_cli_lists_the_signatures",
-    "tests/serving/test_export.py::test_warmup_requests_parse_and_replay",
-    "tests/serving/test_export.py::test_every_family_exports",
-    "tests/serving/test_export.py::test_keras_model_export_matches_predict_in_a_fresh_process",
-    "tests/training/test_tpu_steps.py::test_every_family_trains_with_xla_in_bfloat16",
-    "tests/layers/test_preprocessing.py",
-    "tests/models/test_inputs_and_outputs.py::test_a_model_with_its_preprocessing_equals",
-    "tests/export/test_export_cli.py::test_local_server_answers_rest_and_grpc_clients",
-)
-# The 90-case looped == unrolled check: on JAX it is implied by the
-# TensorFlow == JAX check of the same cases (tests/backends) and the
-# TensorFlow leg's own run of it.
-JAX_LEG_EXCLUDED = ("test_every_shortcut_ordering_and_block_equals_unrolled",)
-
-
-# --- CI's TensorFlow 2.19 leg -------------------------------------------------
-# tensorflow-tpu's last release line is 2.19, so CI also runs the core tests
-# with tensorflow-cpu 2.19 (`python -m pytest -q --core-leg` in that
-# environment): the layers, the models, the looped stage with its written
-# gradient, XLA training steps in bfloat16, training, and the export.
-CORE_LEG = (
-    "tests/layers/test_highway.py",
-    "tests/layers/test_preprocessing.py",
-    "tests/layers/test_fused_batch_normalization.py",
-    "tests/layers/residual/test_tf_loop.py",
-    "tests/layers/residual/test_shortcuts.py",
-    "tests/models/test_resnet.py::test_parameter_counts",
-    "tests/models/test_highway_net.py",
-    "tests/models/test_inputs_and_outputs.py",
-    "tests/training/test_tpu_steps.py::test_every_family_trains_with_xla_in_bfloat16",
-    "tests/training/test_trainer.py::test_short_real_mnist_run_is_well_above_chance",
-    "tests/training/test_strategies.py",
-    "tests/serving/test_export.py",
-)
+# --- CI's legs -----------------------------------------------------------------
+# `KERAS_BACKEND=jax python -m pytest -q --jax-leg` runs the tests marked
+# `jax_leg` (their code differs on JAX: the looped stage, training and
+# distribution, export, the TensorFlow == JAX checks) within CI's time budget,
+# less those marked `not_on_jax_leg`; without --jax-leg every test runs on JAX
+# (about 25 minutes on 2 CPU cores).  `python -m pytest -q --core-leg` runs the
+# tests marked `core_leg`: CI repeats them with tensorflow-cpu 2.19
+# (tensorflow-tpu's last release line): the layers, the models, the looped
+# stage with its written gradient, XLA training steps in bfloat16, training,
+# and the export.  The markers are declared in setup.cfg.
 
 
 def pytest_addoption(parser):
@@ -96,15 +57,13 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--core-leg"):
-        keep = [item for item in items if item.nodeid.startswith(CORE_LEG)]
-        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-        items[:] = keep
+        keep = [item for item in items if item.get_closest_marker("core_leg")]
+    elif config.getoption("--jax-leg"):
+        if keras.backend.backend() != "jax":
+            raise pytest.UsageError("--jax-leg needs KERAS_BACKEND=jax")
+        keep = [item for item in items if item.get_closest_marker("jax_leg")
+                and not item.get_closest_marker("not_on_jax_leg")]
+    else:
         return
-    if not config.getoption("--jax-leg"):
-        return
-    if keras.backend.backend() != "jax":
-        raise pytest.UsageError("--jax-leg needs KERAS_BACKEND=jax")
-    keep = [item for item in items if item.nodeid.startswith(JAX_LEG)
-            and not any(name in item.nodeid for name in JAX_LEG_EXCLUDED)]
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
     items[:] = keep

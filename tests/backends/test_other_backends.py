@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.jax_leg
+
 TORCH = r"""
 import numpy as np
 import keras_identity as ki

@@ -5,17 +5,21 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from keras_identity.training import TrainConfig
 from keras_identity.training import train
 from tests.backend import jax_only
 
-pytestmark = jax_only
+pytestmark = [jax_only, pytest.mark.jax_leg]
 
 CONFIG = dict(model="highway_net", depth=10, dataset="mnist", steps_per_epoch=5,
               batch_size=32, train_examples=320, test_examples=64, verbose=0)
 
 FIRST = r"""
 import sys
+
+import pytest
 from keras_identity.training import TrainConfig, train
 train(TrainConfig(train_steps=5, model_dir=sys.argv[1], **{CONFIG}), print_fn=lambda *a: None)
 """.replace("{CONFIG}", repr(CONFIG))

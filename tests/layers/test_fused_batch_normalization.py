@@ -8,6 +8,8 @@ import tensorflow as tf
 from keras_identity.layers import FusedBatchNormalization
 from tests.backend import tensorflow_only
 
+pytestmark = pytest.mark.core_leg
+
 
 def _pair(**kwargs):
     reference = keras.layers.BatchNormalization(**kwargs)

@@ -7,6 +7,8 @@ import keras_identity as ki
 from keras_identity.layers import Highway
 from keras_identity.layers import HighwayConv2D
 
+pytestmark = pytest.mark.core_leg
+
 
 def _built(layer, shape):
     layer.build(shape)

@@ -7,6 +7,8 @@ from keras_identity.layers import Highway
 from keras_identity.layers import HighwayConv2D
 from keras_identity.models.highway_net import guideline_transform_bias
 
+pytestmark = pytest.mark.core_leg
+
 
 def trainable(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)

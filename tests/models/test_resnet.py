@@ -16,6 +16,7 @@ def trainable(model):
 
 # --- parameter counts pinned to the papers and the authors' code --------------
 
+@pytest.mark.core_leg
 @pytest.mark.parametrize("build, expected", [
     (lambda: ki.models.preact_resnet(164), 1_703_258),
     (lambda: ki.models.resnet(110), 1_727_962),          # "1.7M", Table 4

@@ -29,6 +29,8 @@ from keras_identity.layers import ResidualStack  # noqa: E402
 from keras_identity.layers import ResidualUnit  # noqa: E402
 from keras_identity.models import transfer_weights  # noqa: E402
 
+pytestmark = pytest.mark.jax_leg
+
 
 def _trainable(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)

@@ -45,6 +45,8 @@ def _batches(shape, batch=8, steps=4):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True), x, y
 
 
+@pytest.mark.core_leg
+@pytest.mark.jax_leg
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_trains_with_xla_in_bfloat16(family):
     build, shape = FAMILIES[family]

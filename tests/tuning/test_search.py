@@ -21,6 +21,7 @@ def search_config(tmp_path, **kwargs):
     return SearchConfig(train=train, **kwargs)
 
 
+@pytest.mark.jax_leg
 def test_small_grid_search_writes_its_table_and_retrains_the_best(tmp_path):
     result = run_search(search_config(tmp_path, gate_biases=(0.0, -2.0, -4.0),
                                       retrain_best=True), print_fn=quiet)

@@ -42,6 +42,8 @@ import tensorflow as tf  # noqa: E402
 from keras_identity.layers.residual import GATED_SHORTCUTS  # noqa: E402
 from keras_identity.layers.residual import shortcuts  # noqa: E402
 
+pytestmark = pytest.mark.core_leg
+
 
 @pytest.mark.parametrize("shortcut", GATED_SHORTCUTS)
 def test_gated_sum_vjp_is_the_gradient_of_the_gated_sum(shortcut, rng):

@@ -16,6 +16,8 @@ from tests.backend import mse
 from tests.backend import tensorflow_only
 from tests.backend import value_and_grad
 
+pytestmark = pytest.mark.jax_leg
+
 # Arguments that make each shortcut's looped form do something visible.
 SHORTCUT_ARGS = {
     "identity": {}, "constant_scaling": dict(shortcut_scale=0.7, scale_residual=True),
@@ -93,6 +95,7 @@ def _assert_equal_forms(unrolled, looped, stack, x, target):
                                        err_msg=f"unit {j} {name}")
 
 
+@pytest.mark.not_on_jax_leg
 @pytest.mark.parametrize("shortcut", SHORTCUTS)
 @pytest.mark.parametrize("unit", UNITS)
 @pytest.mark.parametrize("block", ["basic", "bottleneck", "single"])

@@ -12,7 +12,7 @@ from keras_identity.layers.residual.orderings import unit_program
 from keras_identity.layers.residual import UNITS
 from tests.backend import tensorflow_only
 
-pytestmark = tensorflow_only
+pytestmark = [tensorflow_only, pytest.mark.core_leg]
 
 CONV = lambda i: ("conv", i)  # noqa: E731
 BN = lambda i: ("bn", i)  # noqa: E731
