@@ -112,7 +112,10 @@ def test_transfer_weights_rejects_different_networks():
     ("original", dict(shortcut="conv1x1")),
     ("full_preactivation", dict(shortcut="constant_scaling", shortcut_scale=0.8)),
     ("full_preactivation", dict(shortcut="dropout", shortcut_dropout_rate=0.2)),
-    ("full_preactivation", dict(stochastic_depth_rate=0.5)),
+    # Stochastic depth at 0.5 makes the training as chaotic as the gates: on
+    # some CPUs the forms' predictions drift 5e-3 apart by lr 0.1 (the
+    # losses still agree to 1e-4), so it trains at 1e-3 too.
+    ("full_preactivation", dict(stochastic_depth_rate=0.5, learning_rate=1e-3)),
 ])
 def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
     # Same seed for both forms: the random masks (dropout shortcut,
