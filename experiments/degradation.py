@@ -111,6 +111,7 @@ def write_report():
         + (f"{FLAGS.test_examples} test images" if FLAGS.test_examples else "the test set")
         + ".\n\n"
         f"**Verdict**: {verdict_text}.\n\n"
+        + _chance_reading(runs, errors, window) +
         f"| net | trainable parameters | training error, last {window} iterations | test "
         f"error, last {window} iterations | images/s |\n| --- | --- | --- | --- | --- |\n")
     for key, label, _ in runs:
@@ -132,6 +133,22 @@ def write_report():
     for key, label, argv in runs:
         text += f"| {label} | `{_runs.shown(run_dir(key), train_argv(argv))}` |\n"
     print(f"wrote {_report.write(FLAGS.report, text, directory)}", flush=True)
+
+
+CHANCE = 0.9   # the training error of a net that has not started (10 classes)
+
+
+def _chance_reading(runs, errors, window):
+    """A sentence naming the nets still at chance (they have not started to
+    train, so their gap says nothing yet), or nothing."""
+    stuck = [label for key, label, _ in runs if errors[key] > CHANCE - 0.02]
+    if not stuck:
+        return ""
+    return (f"Still at chance (training error within 2 points of 90% over the last {window} "
+            f"iterations): {', '.join(stuck)}. "
+            + ("They have" if len(stuck) > 1 else "It has") + " not started to train at this "
+            "length, so the comparison needs more iterations (`--iterations`, or the paper's "
+            "scale).\n\n")
 
 
 def main(argv):
