@@ -25,6 +25,16 @@ def reached(model_dir):
     return rows[-1]["step"] if rows else 0
 
 
+def shared_argv(interval, seed, test_examples=0, data_dir=None):
+    """The flags every experiment's runs share: a logged point (and a
+    checkpoint, the last one kept) every ``interval`` iterations, the seed,
+    the test subset (0: all) and the data."""
+    argv = [f"--steps_per_epoch={interval}", f"--seed={seed}", "--keep_checkpoints=1"]
+    if test_examples:
+        argv.append(f"--test_examples={test_examples}")
+    return argv + ([f"--data_dir={data_dir}"] if data_dir else [])
+
+
 def command(model_dir, argv):
     """The process's argv: ``keras-identity-train`` with ``argv`` into ``model_dir``."""
     return [sys.executable, "-m", "keras_identity_cli.train", *argv,

@@ -57,12 +57,9 @@ def run_dir(key):
 
 
 def train_argv(argv):
-    argv = [*argv, "--dataset=cifar10", f"--batch_size={FLAGS.batch_size}",
-            f"--steps_per_epoch={FLAGS.interval}", f"--stop_at_step={FLAGS.iterations}",
-            f"--seed={FLAGS.seed}", "--keep_checkpoints=1"]
-    if FLAGS.test_examples:
-        argv.append(f"--test_examples={FLAGS.test_examples}")
-    return argv + ([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])
+    return [*argv, "--dataset=cifar10", f"--batch_size={FLAGS.batch_size}",
+            f"--stop_at_step={FLAGS.iterations}",
+            *_runs.shared_argv(FLAGS.interval, FLAGS.seed, FLAGS.test_examples, FLAGS.data_dir)]
 
 
 def write_report():

@@ -26,17 +26,15 @@ equal lengths.  Every run is a ``keras-identity-train`` run with its own
 ``--model_dir``: killed, the same command continues it.
 """
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 from absl import app
 from absl import flags
 
 from experiments import _cli
 from experiments import _report
+from experiments import _runs
 from experiments._curves import loss_at
 from experiments._curves import verdict
 
@@ -81,56 +79,29 @@ def run_dir(key, seed):
     return os.path.join(FLAGS.run_dir, f"resnet{FLAGS.depth}_{key}_seed{seed}")
 
 
-def train_command(key, seed, stop):
-    """The ``keras-identity-train`` command of one run, up to iteration ``stop``
+def train_argv(key, seed, stop):
+    """The ``keras-identity-train`` flags of one run, up to iteration ``stop``
     (``None``: the whole schedule)."""
-    flags_ = dict(NETS_BY_KEY[key])
-    argv = [*flags_["argv"], f"--depth={FLAGS.depth}", "--dataset=cifar10",
-            f"--batch_size={FLAGS.batch_size}", f"--steps_per_epoch={FLAGS.interval}",
-            f"--seed={seed}", f"--model_dir={run_dir(key, seed)}", "--keep_checkpoints=1",
-            "--verbose=2"]
-    if FLAGS.data_dir:
-        argv.append(f"--data_dir={FLAGS.data_dir}")
-    if FLAGS.test_examples:
-        argv.append(f"--test_examples={FLAGS.test_examples}")
-    if stop:
-        argv.append(f"--stop_at_step={stop}")
-    return [sys.executable, "-m", "keras_identity_cli.train", *argv]
+    argv = [*NETS_BY_KEY[key]["argv"], f"--depth={FLAGS.depth}", "--dataset=cifar10",
+            f"--batch_size={FLAGS.batch_size}",
+            *_runs.shared_argv(FLAGS.interval, seed, FLAGS.test_examples, FLAGS.data_dir)]
+    return argv + ([f"--stop_at_step={stop}"] if stop else [])
 
 
 NETS_BY_KEY = {key: {"label": label, "argv": argv} for key, label, argv in NETS}
 
 
 def history(key, seed):
-    path = os.path.join(run_dir(key, seed), "history.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return json.load(f)
+    return _runs.history(run_dir(key, seed))
 
 
 def reached(key, seed):
-    rows = history(key, seed)
-    return rows[-1]["step"] if rows else 0
+    return _runs.reached(run_dir(key, seed))
 
 
 def train_to(key, seed, stop):
     """Trains one run to iteration ``stop``; its output goes to train.log."""
-    os.makedirs(run_dir(key, seed), exist_ok=True)
-    command = train_command(key, seed, stop)
-    print(f"{key} seed {seed}: to iteration {stop or 'the end'} "
-          f"(log: {os.path.join(run_dir(key, seed), 'train.log')})", flush=True)
-    with open(os.path.join(run_dir(key, seed), "train.log"), "a") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
-    if code:
-        _cli.fail(f"the {key} run (seed {seed}) exited with status {code}; see "
-                  f"{os.path.join(run_dir(key, seed), 'train.log')}")
-    rows = history(key, seed)
-    if rows:
-        row = rows[-1]
-        print(f"  {key} seed {seed}: iteration {row['step']}, training loss {row['loss']:.4f}, "
-              f"test error {100 * row['test_error']:.1f}%, {row['images_per_sec']:.1f} img/s",
-              flush=True)
+    _runs.train(run_dir(key, seed), train_argv(key, seed, stop), f"{key} seed {seed}", stop)
 
 
 def write_report():
@@ -203,10 +174,9 @@ def write_report():
             rows = history(key, seed)
             if not rows:
                 continue
-            params = _parameters(key, seed)
-            speed = sorted(r["images_per_sec"] for r in rows)[len(rows) // 2]
-            command = " ".join(["keras-identity-train", *train_command(key, seed, rows[-1][
-                "step"])[3:]])
+            params = _runs.parameters(run_dir(key, seed))
+            speed = _runs.median_speed(run_dir(key, seed))
+            command = _runs.shown(run_dir(key, seed), train_argv(key, seed, rows[-1]["step"]))
             text += (f"| {label}, seed {seed} | {params} | {rows[-1]['step']} | "
                      f"{speed:.1f} | `{command}` |\n")
     runs = [(f"{NETS_BY_KEY[key]['label']}, seed {seed}", run_dir(key, seed))
@@ -225,16 +195,6 @@ def write_report():
 def _versus(loss, chance):
     difference = loss - chance
     return f"{abs(difference):.3f} {'above' if difference > 0 else 'below'} it"
-
-
-def _parameters(key, seed):
-    """Trainable parameters, read from the run's log."""
-    path = os.path.join(run_dir(key, seed), "train.log")
-    if os.path.exists(path):
-        for line in open(path):
-            if "trainable parameters" in line:
-                return line.split(": ", 1)[1].split(" trainable")[0]
-    return "-"
 
 
 def main(argv):

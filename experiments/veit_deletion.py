@@ -59,10 +59,8 @@ def run_dir(key):
 
 
 def train_argv(argv):
-    argv = [*argv, "--dataset=mnist", f"--train_steps={FLAGS.train_steps}",
-            f"--steps_per_epoch={FLAGS.interval}", f"--seed={FLAGS.seed}",
-            f"--test_examples={FLAGS.test_examples}", "--keep_checkpoints=1"]
-    return argv + ([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])
+    return [*argv, "--dataset=mnist", f"--train_steps={FLAGS.train_steps}",
+            *_runs.shared_argv(FLAGS.interval, FLAGS.seed, FLAGS.test_examples, FLAGS.data_dir)]
 
 
 def study(key, x_test, y_test):

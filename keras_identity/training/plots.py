@@ -51,14 +51,20 @@ def load_history(run_dir):
         return json.load(f)
 
 
-def plot_runs(run_dirs, path, labels=None, title="", log_loss=False):
-    """Several runs on one plot (e.g. original vs pre-activation ResNet-1001);
-    ``log_loss`` draws the training loss on a logarithmic axis (losses of
-    very different sizes, as at the start of Fig. 1)."""
+def _labels(run_dirs, labels):
+    """One label per run (default: each run directory's name)."""
     labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     if len(labels) != len(run_dirs):
         raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
                          f"({len(run_dirs)}).")
+    return labels
+
+
+def plot_runs(run_dirs, path, labels=None, title="", log_loss=False):
+    """Several runs on one plot (e.g. original vs pre-activation ResNet-1001);
+    ``log_loss`` draws the training loss on a logarithmic axis (losses of
+    very different sizes, as at the start of Fig. 1)."""
+    labels = _labels(run_dirs, labels)
     plt = pyplot()
     fig, ax_loss = plt.subplots(figsize=(7, 4.2))
     ax_error = ax_loss.twinx()
@@ -74,10 +80,7 @@ def plot_errors(run_dirs, path, labels=None, title=""):
     """Several runs' training error (thin, dashed) and test error (bold) on
     one axis against iterations, as He et al. (2015) draw the degradation
     problem (Figs. 4 and 6)."""
-    labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
-    if len(labels) != len(run_dirs):
-        raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
-                         f"({len(run_dirs)}).")
+    labels = _labels(run_dirs, labels)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
