@@ -2,28 +2,44 @@
 *Identity Mappings in Deep Residual Networks*, and Srivastava et al. (2015),
 *Training Very Deep Networks*, as Keras 3 layers and models."""
 
+import importlib.util as _importlib_util
+import json as _json
+import os as _os
+import sys as _sys
+
+
+def _keras_json_backend():
+    path = _os.path.join(_os.environ.get("KERAS_HOME") or _os.path.expanduser("~/.keras"),
+                         "keras.json")
+    try:
+        with open(path) as f:
+            return _json.load(f).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+# An install without TensorFlow (pip install 'keras_identity[jax]') whose
+# backend nobody chose runs on JAX: Keras's own default, TensorFlow (which
+# Keras also writes into a new keras.json), would fail to import.
+if ("keras" not in _sys.modules and not _os.environ.get("KERAS_BACKEND")
+        and _keras_json_backend() in (None, "tensorflow")
+        and _importlib_util.find_spec("tensorflow") is None
+        and _importlib_util.find_spec("jax") is not None):
+    _os.environ["KERAS_BACKEND"] = "jax"
+
 # Keras first, so that its backend (JAX, or PyTorch) loads before TensorFlow.
-import keras
+import keras  # noqa: E402
 
 # Backends on which every layer, model, looped stage and the trainer run; on
 # others (PyTorch) the unrolled layers and models work and the looped stages
 # and training programs say which backends they need.
 SUPPORTED_BACKENDS = ("tensorflow", "jax")
 
-try:
-    import tensorflow  # noqa: F401  (tf.data input and SavedModel export, on every backend)
-except ImportError as error:  # pragma: no cover - depends on the install
-    raise ImportError(
-        f"keras_identity needs TensorFlow for its input pipelines and exports (the Keras "
-        f"backend is {keras.backend.backend()!r}): pip install 'keras_identity[cpu]' "
-        f"(tensorflow-cpu), 'keras_identity[gpu]' (tensorflow[and-cuda]) or "
-        f"'keras_identity[jax]' (JAX with tensorflow-cpu).") from error
-
-from keras_identity import data
-from keras_identity import initializers
-from keras_identity import layers
-from keras_identity import models
-from keras_identity import training
-from keras_identity import analysis
+from keras_identity import data  # noqa: E402
+from keras_identity import initializers  # noqa: E402
+from keras_identity import layers  # noqa: E402
+from keras_identity import models  # noqa: E402
+from keras_identity import training  # noqa: E402
+from keras_identity import analysis  # noqa: E402
 
 __version__ = "0.1.0"

@@ -32,6 +32,12 @@ def select_backend(argv=None):
     if value not in BACKENDS:
         fail(f"--backend={value!r} is not valid; expected one of: "
              f"{', '.join(BACKENDS)}", 2)
+    if value == "tensorflow":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorflow") is None:
+            fail("--backend=tensorflow needs TensorFlow, which is not installed: pip install "
+                 "'keras_identity[cpu]' (or [gpu]); or use --backend=jax", 2)
     if "keras" in sys.modules:
         current = sys.modules["keras"].backend.backend()
         if current != value:
@@ -43,8 +49,61 @@ def select_backend(argv=None):
 
 def define_backend_flag():
     flags.DEFINE_enum("backend", None, list(BACKENDS),
-                      "Keras backend (default: KERAS_BACKEND, else tensorflow). JAX runs "
-                      "keras.distribution.DataParallel over the local devices.")
+                      "Keras backend (default: KERAS_BACKEND, else tensorflow, or jax where "
+                      "TensorFlow is not installed). JAX runs keras.distribution.DataParallel "
+                      "over every process's devices.")
+
+
+def define_process_flags():
+    """The flags of one JAX run across processes (``jax.distributed``)."""
+    flags.DEFINE_string("coordinator_address", None, "JAX, one run across processes: "
+                        "HOST:PORT where process 0 serves the coordinator (every process "
+                        "runs the same command with its own --process_id). None of the "
+                        "three flags: a Cloud TPU slice's or SLURM's own detection.")
+    flags.DEFINE_integer("num_processes", None, "JAX: the number of processes of the run.")
+    flags.DEFINE_integer("process_id", None, "JAX: this process's index in [0, "
+                         "num_processes).")
+
+
+def initialize_processes():
+    """Connects the processes of a JAX run (the process flags); returns their
+    number.  The flags are refused on TensorFlow, whose workers are
+    described by TF_CONFIG."""
+    import keras
+
+    from keras_identity.training import processes
+
+    given = [name for name in ("coordinator_address", "num_processes", "process_id")
+             if flags.FLAGS[name].value is not None]
+    if keras.backend.backend() != "jax":
+        if given:
+            fail(f"--{', --'.join(given)} apply to the JAX backend (--backend=jax); "
+                 f"TensorFlow's workers: --strategy=multi_worker with TF_CONFIG", 2)
+        return 1
+    try:
+        return processes.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
+                                    flags.FLAGS.process_id)
+    except ValueError as error:
+        fail(error, 2)
+
+
+def require_tensorflow(what):
+    """Exits with one line naming the install unless TensorFlow is installed."""
+    from keras_identity import _tensorflow
+
+    try:
+        _tensorflow.require(what)
+    except ImportError as error:
+        fail(error)
+
+
+def fail_fast(message, code=1):
+    """:func:`fail` for a process of a multi-process JAX run: exits at once,
+    without JAX's shutdown barrier (which would wait for the lost process
+    and then abort with a stack trace)."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def run_program(main, module_name):
@@ -140,7 +199,6 @@ def constants():
     """The library's choices for flag enums (one place, not retyped)."""
     import types
 
-    from keras_identity.data import augment
     from keras_identity.data import facts
     from keras_identity.data import normalization
     from keras_identity.training import recipes
@@ -149,7 +207,7 @@ def constants():
 
     return types.SimpleNamespace(
         DATASETS=facts.DATASETS, RECIPE_NAMES=recipes.RECIPE_NAMES,
-        NORMALIZATIONS=normalization.MODES, AUGMENTATIONS=augment.AUGMENTATIONS,
+        NORMALIZATIONS=normalization.MODES, AUGMENTATIONS=facts.AUGMENTATIONS,
         STRATEGIES=strategies.STRATEGIES, PRECISIONS=trainer.PRECISIONS)
 
 

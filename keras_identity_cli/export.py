@@ -56,6 +56,8 @@ flags.mark_flags_as_required(["model_path", "export_dir"])
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    _cli.require_tensorflow("keras-identity-export (a TensorFlow SavedModel, from either "
+                            "backend)")
     if not os.path.exists(FLAGS.model_path):
         _cli.fail(f"model_path={FLAGS.model_path!r} does not exist", 2)
     if os.path.isdir(FLAGS.model_path):

@@ -286,6 +286,7 @@ def start_grpc(emulator, port):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    _cli.require_tensorflow("keras-identity-serve (it runs the SavedModel in TensorFlow)")
     import os
 
     from keras_identity.serving.emulator import ServingEmulator

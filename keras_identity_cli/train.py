@@ -12,6 +12,7 @@ preprocessing.json (what serving needs) and the final model.keras.
 """
 
 import os
+import sys
 
 from absl import flags
 
@@ -67,6 +68,7 @@ flags.DEFINE_integer("keep_checkpoints", 2, "Checkpoints kept.")
 flags.DEFINE_integer("train_examples", None, "Use a random subset of the training set.")
 flags.DEFINE_integer("test_examples", None, "Use a random subset of the test set.")
 flags.DEFINE_enum("eval_crop", "224", ["224", "320"], "ImageNet evaluation crop (Table 5).")
+_cli.define_process_flags()
 flags.DEFINE_enum("verbose", "1", ["0", "1", "2"], "Keras progress: 0 silent, 1 progress "
                   "bar, 2 one line per epoch.")
 
@@ -102,19 +104,38 @@ def config_from_flags():
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}; flags are written --name=value", 2)
+    processes = _cli.initialize_processes()
     from keras_identity.training import ConfigError
     from keras_identity.training import TrainingDiverged
     from keras_identity.training import WriteError
     from keras_identity.training import train
+    from keras_identity.training.processes import lost_peer
 
+    fail = _cli.fail if processes == 1 else _cli.fail_fast
     try:
         train(config_from_flags())
     except ConfigError as error:
-        _cli.fail(error, 2)
+        fail(error, 2)
     except TrainingDiverged as error:
-        _cli.fail(f"training diverged: {error}")
+        fail(f"training diverged: {error}")
     except WriteError as error:
-        _cli.fail(error)
+        fail(error)
+    except Exception as error:
+        if processes > 1 and lost_peer(error):
+            fail(f"another process of this {processes}-process run stopped or cannot be "
+                 f"reached ({' '.join(str(error).split())[:160]}); see its log, then run the "
+                 f"same command on every host to resume from the last checkpoint")
+        if processes > 1:
+            import traceback
+
+            traceback.print_exc()
+            fail(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
+        raise
+    if processes > 1:
+        # Every process is done: leave without waiting in JAX's shutdown barrier.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def run():

@@ -56,6 +56,13 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    from keras_identity import _tensorflow
+
+    if not _tensorflow.available():
+        skip = pytest.mark.skip(reason="needs TensorFlow, which is not installed")
+        for item in items:
+            if item.get_closest_marker("needs_tensorflow"):
+                item.add_marker(skip)
     if config.getoption("--core-leg"):
         keep = [item for item in items if item.get_closest_marker("core_leg")]
     elif config.getoption("--jax-leg"):

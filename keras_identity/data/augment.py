@@ -7,7 +7,7 @@ consumed sees exactly the augmentations of an uninterrupted run.
 
 import tensorflow as tf
 
-AUGMENTATIONS = ("none", "cifar", "imagenet")
+from keras_identity.data.facts import AUGMENTATIONS  # noqa: F401  (re-exported)
 
 
 def cifar_batch(images, seed, pad=4, start=0, total=None):

@@ -230,9 +230,36 @@ def _from_npz(path, name):
         y_train=y_train, x_test=x_test, y_test=y_test, fingerprint=fingerprint(path))
 
 
+def decode_image(data, channels, name="image"):
+    """Decodes the bytes of a JPEG/PNG/BMP/GIF file into a uint8 array
+    ``(height, width, channels)`` (the first frame of an animation) with
+    Pillow; raises :class:`DataError` naming ``name`` if it does not decode."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as picture:
+            picture = picture.convert("L" if channels == 1 else "RGB")
+            image = np.asarray(picture, np.uint8)
+    except Exception as error:  # PIL.UnidentifiedImageError, OSError, ...
+        raise DataError(f"{name} is not a readable image ({type(error).__name__}: "
+                        f"{_first_line(error)}).") from None
+    return image[..., None] if image.ndim == 2 else image
+
+
 def _decode_all(encoded, channels, names, source):
     """Decodes JPEG/PNG byte strings into one uint8 array; a file that does not
-    decode, or whose size differs from the others, is named in the error."""
+    decode, or whose size differs from the others, is named in the error.
+    TensorFlow decodes where it is installed (the tf.data route's decoder),
+    Pillow elsewhere."""
+    from keras_identity import _tensorflow
+
+    if not _tensorflow.available():
+        images = [decode_image(data, channels, f"{source}: {name}")
+                  for data, name in zip(encoded, names)]
+        _check_one_size([image.shape for image in images], names, source)
+        return np.stack(images) if images else np.zeros((0, 1, 1, channels), np.uint8)
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(encoded).map(
@@ -246,24 +273,31 @@ def _decode_all(encoded, channels, names, source):
     return np.concatenate(parts) if parts else np.zeros((0, 1, 1, channels), np.uint8)
 
 
+def _check_one_size(shapes, names, source):
+    sizes = {}
+    for shape, name in zip(shapes, names):
+        sizes.setdefault(tuple(shape), name)
+        if len(sizes) > 1:
+            (first, first_name), (other, other_name) = list(sizes.items())[:2]
+            raise DataError(f"{source}: {other_name} is {other[1]}x{other[0]}x{other[2]}, "
+                            f"other images ({first_name}, ...) are "
+                            f"{first[1]}x{first[0]}x{first[2]}; in-memory datasets need one "
+                            f"size.")
+
+
 def _raise_for_bad_image(encoded, channels, names, source):
     """Finds the image that stopped :func:`_decode_all` and raises naming it."""
     import tensorflow as tf
 
-    sizes = {}
+    shapes = []
     for data, name in zip(encoded, names):
         try:
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
         except tf.errors.OpError as error:
             raise DataError(f"{source}: {name} is not a readable image "
                             f"({_first_line(error.message)}).") from None
-        sizes.setdefault(tuple(image.shape), name)
-        if len(sizes) > 1:
-            (first, first_name), (other, other_name) = list(sizes.items())[:2]
-            raise DataError(f"{source}: {other_name} is {other[1]}x{other[0]}x{other[2]}, "
-                            f"other images ({first_name}, ...) are "
-                            f"{first[1]}x{first[0]}x{first[2]}; in-memory datasets need one "
-                            f"size.") from None
+        shapes.append(tuple(image.shape))
+        _check_one_size(shapes, names, source)
 
 
 def _split_of(parts):
@@ -293,9 +327,15 @@ def _assemble(name, source, items, channels):
     if len(shapes) != 1:
         raise DataError(f"{source}: images of different sizes {sorted(shapes)}; in-memory "
                         f"datasets need one size.")
+    from keras_identity import _tensorflow
+
+    # Pillow's JPEG decoder rounds differently from TensorFlow's (by up to 4
+    # levels): a run's identity names the decoder, so that it never resumes
+    # on other pixels.
+    decoder = "" if _tensorflow.available() else "; decoded by Pillow"
     return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
                         image_shape=tuple(arrays["x_train"].shape[1:]), source=source,
-                        fingerprint=fingerprint(source), **arrays)
+                        fingerprint=fingerprint(source) + decoder, **arrays)
 
 
 def _channels(name):
@@ -399,7 +439,14 @@ def _from_path(path, name):
                     f"file/folder named {name}* inside it.")
 
 
-def _from_tfds(name, data_dir):
+def _data_source_arrays(source):
+    """``(images, labels)`` of a random-access tfds data source, in memory."""
+    examples = [source[i] for i in range(len(source))]
+    images = np.stack([np.asarray(e["image"], np.uint8) for e in examples])
+    return _expand_gray(images), np.asarray([e["label"] for e in examples], np.int32)
+
+
+def _from_tfds(name, data_dir, random_access=False):
     try:
         import tensorflow_datasets as tfds
     except ImportError:
@@ -408,11 +455,27 @@ def _from_tfds(name, data_dir):
                         f"offline files (e.g. --data_dir=../shared/data).") from None
     tfds_name = "imagenet2012" if name == "imagenet" else name
     try:
-        builder = tfds.builder(tfds_name, data_dir=data_dir)
+        if random_access:
+            # The array_record files that tfds.data_source reads without TensorFlow.
+            builder = tfds.builder(tfds_name, data_dir=data_dir, file_format="array_record")
+        else:
+            builder = tfds.builder(tfds_name, data_dir=data_dir)
         builder.download_and_prepare()
         info = builder.info
         class_names = list(info.features["label"].names)
-        if name == "imagenet":
+        if random_access:
+            splits = ("train", "validation" if name == "imagenet" else "test")
+            sources = [builder.as_data_source(split=split) for split in splits]
+            if name == "imagenet":
+                return ImageDataset(
+                    name=name, num_classes=len(class_names), class_names=class_names,
+                    image_shape=IMAGE_SHAPES[name], source=f"tfds:{tfds_name}",
+                    tfds_train=(sources[0], len(sources[0])),
+                    tfds_test=(sources[1], len(sources[1])))
+            arrays = {}
+            for split, source in zip(("train", "test"), sources):
+                arrays[f"x_{split}"], arrays[f"y_{split}"] = _data_source_arrays(source)
+        elif name == "imagenet":
             train = builder.as_dataset(split="train", as_supervised=True, shuffle_files=True)
             test = builder.as_dataset(split="validation", as_supervised=True)
             return ImageDataset(
@@ -420,12 +483,13 @@ def _from_tfds(name, data_dir):
                 image_shape=IMAGE_SHAPES[name], source=f"tfds:{tfds_name}",
                 tfds_train=(train, info.splits["train"].num_examples),
                 tfds_test=(test, info.splits["validation"].num_examples))
-        arrays = {}
-        for split in ("train", "test"):
-            x, y = tfds.as_numpy(builder.as_dataset(split=split, as_supervised=True,
-                                                    batch_size=-1))
-            arrays[f"x_{split}"] = x.astype(np.uint8)
-            arrays[f"y_{split}"] = y.astype(np.int32)
+        else:
+            arrays = {}
+            for split in ("train", "test"):
+                x, y = tfds.as_numpy(builder.as_dataset(split=split, as_supervised=True,
+                                                        batch_size=-1))
+                arrays[f"x_{split}"] = x.astype(np.uint8)
+                arrays[f"y_{split}"] = y.astype(np.int32)
     except Exception as error:  # tfds raises many types (download, manual dir, ...)
         hint = ("ImageNet needs the manual download in <data_dir>/downloads/manual"
                 if name == "imagenet" else
@@ -459,7 +523,7 @@ def fingerprint(path):
     return f"tree-sha256:{digest.hexdigest()}"
 
 
-def load_dataset(name, data_dir=None):
+def load_dataset(name, data_dir=None, random_access=False):
     """Loads ``name`` (``mnist``, ``cifar10``, ``cifar100``, ``imagenet``).
 
     Args:
@@ -467,6 +531,9 @@ def load_dataset(name, data_dir=None):
         data_dir: offline files or a tensorflow_datasets directory (see the
             module docstring); ``None`` uses the built-in MNIST or
             tensorflow_datasets.
+        random_access: read tensorflow_datasets through its random-access
+            ``data_source`` (array_record files, no TensorFlow needed), as
+            the JAX route's NumPy pipeline does; otherwise through tf.data.
 
     Raises:
         ValueError: unknown ``name``; :class:`DataError` (a ValueError)
@@ -480,13 +547,13 @@ def load_dataset(name, data_dir=None):
         dataset = _from_path(data_dir, name)
         if dataset is not None:
             return dataset
-        dataset = _from_tfds(name, data_dir)
+        dataset = _from_tfds(name, data_dir, random_access)
         dataset.fingerprint = f"{dataset.source} in {os.path.abspath(data_dir)}"
         return dataset
     if name == "mnist":
         dataset = _from_npz(BUILTIN_MNIST, name)
         dataset.source = "built-in MNIST (keras_identity/data/mnist.npz)"
         return dataset
-    dataset = _from_tfds(name, None)
+    dataset = _from_tfds(name, None, random_access)
     dataset.fingerprint = dataset.source
     return dataset

@@ -111,6 +111,26 @@ class Normalization:
             x = x / tf.constant(self.std)
         return x
 
+    def array(self, images):
+        """:meth:`__call__` in NumPy: float32 normalised images from an array
+        of pixel values in [0, 255]."""
+        x = np.asarray(images, np.float32) / np.float32(255.0)
+        if self.mean is not None:
+            x = x - self.mean
+        if self.std is not None:
+            x = x / self.std
+        return x
+
+    def invert_array(self, x):
+        """:meth:`invert` in NumPy: pixel values (float32) whose
+        normalisation is ``x``."""
+        x = np.asarray(x, np.float32)
+        if self.std is not None:
+            x = x * self.std
+        if self.mean is not None:
+            x = x + self.mean
+        return x * np.float32(255.0)
+
     def to_dict(self):
         return {"mode": self.mode,
                 "mean": None if self.mean is None else self.mean.tolist(),
@@ -124,9 +144,7 @@ class Normalization:
 def _image_batches(images, batch_size):
     """Batches of ``images`` (an array, or a dataset of batches or of
     ``(images, labels)`` batches) as NumPy arrays."""
-    import tensorflow as tf
-
-    if isinstance(images, tf.data.Dataset):
+    if hasattr(images, "as_numpy_iterator"):  # a tf.data.Dataset
         for element in images.as_numpy_iterator():
             yield element[0] if isinstance(element, tuple) else element
         return

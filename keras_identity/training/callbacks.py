@@ -1,6 +1,7 @@
 """Callbacks of the training loop."""
 
 import math
+import os
 import time
 
 import keras
@@ -131,3 +132,54 @@ def history_writer(model_dir, title):
         plots.plot_history(history, os.path.join(model_dir, "curves.png"), title=title)
 
     return write
+
+
+def tensorboard(log_dir):
+    """The run's TensorBoard logs in ``log_dir``: Keras's ``TensorBoard``
+    callback on the TensorFlow backend, :class:`EpochSummaries` (no
+    TensorFlow needed) on the others."""
+    if keras.backend.backend() == "tensorflow":
+        return keras.callbacks.TensorBoard(log_dir, update_freq="epoch")
+    return EpochSummaries(log_dir)
+
+
+class EpochSummaries(keras.callbacks.Callback):
+    """Writes every epoch's metrics as TensorBoard scalars with the
+    ``tensorboard`` package's own event writer (no TensorFlow): the layout of
+    Keras's ``TensorBoard`` callback, ``train/`` and ``validation/`` runs
+    with ``epoch_<metric>`` tags (``val_`` logs go to ``validation/``)."""
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir = log_dir
+        self._writers = {}
+
+    def _writer(self, run):
+        if run not in self._writers:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._writers[run] = EventFileWriter(os.path.join(self.log_dir, run))
+        return self._writers[run]
+
+    def on_epoch_end(self, epoch, logs=None):
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.compat.proto import summary_pb2
+
+        values = {}
+        for name, value in (logs or {}).items():
+            run, tag = ("validation", name[4:]) if name.startswith("val_") else ("train", name)
+            try:
+                values.setdefault(run, []).append(summary_pb2.Summary.Value(
+                    tag=f"epoch_{tag}", simple_value=float(value)))
+            except (TypeError, ValueError):
+                continue
+        for run, entries in values.items():
+            writer = self._writer(run)
+            writer.add_event(event_pb2.Event(wall_time=time.time(), step=epoch,
+                                             summary=summary_pb2.Summary(value=entries)))
+            writer.flush()
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}

@@ -11,8 +11,8 @@ Keras 3.15's TensorFlow trainer does not run ``fit`` under
    loss and metrics ("Invalid reduction dimension 0 for input with 0
    dimensions").
 
-:func:`prepare` fixes both for one model: it builds the model from a local
-batch (only shapes are needed), and averages scalar metric values across
+:func:`prepare` fixes both for one model: it builds the model from a batch of
+zeros of its input's shape (only shapes are needed), and averages scalar metric values across
 replicas with ``axis=None``.  Nothing changes for other strategies.  The
 two-worker test in ``tests/training/test_multi_worker.py`` checks the result
 against a single-worker run.
@@ -38,12 +38,14 @@ def _reduce_per_replica(values, strategy, reduction):
     return _original_reduce_per_replica(values, strategy, reduction)
 
 
-def prepare(model, dataset, strategy):
+def prepare(model, strategy):
     """Makes ``model.fit``/``evaluate`` work under ``strategy`` (see above)."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
     _tf_trainer.reduce_per_replica = _reduce_per_replica
-    batch = next(iter(dataset.take(1)))
+    # A batch of one image and one label of the model's shapes.
+    batch = (tf.zeros((1,) + tuple(model.input_shape[1:]), model.input.dtype),
+             tf.zeros((1,), tf.int32))
     with strategy.scope():
         model._symbolic_build(data_batch=batch)
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None

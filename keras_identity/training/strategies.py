@@ -16,7 +16,6 @@ import json
 import os
 
 import keras
-import tensorflow as tf
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
@@ -31,6 +30,8 @@ class MissingTPUSupport(ValueError):
 
 
 def _tpu_strategy(address):
+    import tensorflow as tf
+
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -71,6 +72,8 @@ def _first_tpu(addresses):
     """``(TPUStrategy, [])`` for the first of ``addresses`` that initialises,
     else ``(None, [(address, error), ...])``; a TPU without TensorFlow TPU
     kernels raises :class:`MissingTPUSupport` at once."""
+    import tensorflow as tf
+
     errors = []
     for address in addresses:
         try:
@@ -86,15 +89,23 @@ class KerasDistribution:
     """``keras.distribution.DataParallel`` over ``devices`` (JAX) behind the
     part of the ``tf.distribute.Strategy`` interface the trainer uses.
 
-    One device means no distribution.  ``platform`` is the devices' kind
+    ``devices`` may span several processes (``jax.distributed``): every
+    process then feeds its own contiguous slice of each global batch
+    (``auto_shard_dataset=False``; see :mod:`keras_identity.data.arrays`)
+    and Keras assembles the global batch from the processes' slices.  One
+    device means no distribution.  ``platform`` is the devices' kind
     (``"cpu"``, ``"gpu"``, ``"tpu"``).
     """
 
     def __init__(self, devices):
+        import jax
+
         self.devices = list(devices)
         self.platform = self.devices[0].platform if self.devices else "cpu"
+        self.process_count = jax.process_count()
+        self.process_index = jax.process_index()
         self.distribution = keras.distribution.DataParallel(
-            devices=self.devices) if len(self.devices) > 1 else None
+            devices=self.devices, auto_shard_dataset=False) if len(self.devices) > 1 else None
 
     @property
     def num_replicas_in_sync(self):
@@ -104,10 +115,6 @@ class KerasDistribution:
         """Variables created and ``fit`` run in it are laid out by the distribution."""
         return self.distribution.scope() if self.distribution else contextlib.nullcontext()
 
-    def distribute_datasets_from_function(self, make_dataset):
-        # The global batches: Keras's JAX trainer splits each over the devices.
-        return make_dataset(None)
-
 
 def _jax_distribution(name, tpu_address):
     import jax
@@ -116,21 +123,22 @@ def _jax_distribution(name, tpu_address):
         raise ValueError(f"tpu={tpu_address!r} does not apply on the JAX backend (JAX finds "
                          f"the local TPU chips itself); remove it.")
     if name == "multi_worker":
-        raise ValueError("strategy='multi_worker' runs on the TensorFlow backend "
-                         "(MultiWorkerMirroredStrategy); on JAX training runs in one process "
-                         "over its local devices, or use KERAS_BACKEND=tensorflow.")
-    if jax.process_count() > 1:
-        raise ValueError(f"this JAX program runs in {jax.process_count()} processes; "
-                         f"keras_identity trains on JAX in one process over its local "
-                         f"devices (several hosts: KERAS_BACKEND=tensorflow with "
-                         f"--strategy=multi_worker).")
-    devices = jax.local_devices()
+        raise ValueError("strategy='multi_worker' is TensorFlow's (MultiWorkerMirroredStrategy); "
+                         "on JAX one run spans processes with --coordinator_address, "
+                         "--num_processes and --process_id (or a Cloud TPU slice's or "
+                         "SLURM's own detection) and --strategy=auto.")
+    processes = jax.process_count()
+    devices = jax.devices() if processes > 1 else jax.local_devices()
     accelerators = [d for d in devices if d.platform in ("tpu", "gpu")]
     if not accelerators and _tpu_present() and name != "default":
         raise ValueError(f"this machine has TPU chips but JAX {jax.__version__} sees "
                          f"{describe_devices(devices)}: install jax[tpu] of the same version "
                          f"(pip install -U 'jax[tpu]=={jax.__version__}'; docs/tpu.md), or "
                          f"pass --strategy=default to train on the CPU.")
+    if processes > 1 and name in ("default", "one_device"):
+        raise ValueError(f"strategy={name!r} trains on one device, but this JAX program runs "
+                         f"in {processes} processes; use --strategy=auto (every process's "
+                         f"devices) or start one process.")
     if name == "tpu":
         tpus = [d for d in devices if d.platform == "tpu"]
         if not tpus:
@@ -140,8 +148,8 @@ def _jax_distribution(name, tpu_address):
         return KerasDistribution(tpus)
     if name in ("default", "one_device"):
         return KerasDistribution((accelerators or devices)[:1])
-    # auto and mirrored: every local accelerator, else every local CPU device
-    # (several with XLA_FLAGS=--xla_force_host_platform_device_count=N).
+    # auto and mirrored: every accelerator of every process, else every CPU
+    # device (several with XLA_FLAGS=--xla_force_host_platform_device_count=N).
     return KerasDistribution(accelerators or devices)
 
 
@@ -168,10 +176,11 @@ def get_strategy(name="auto", tpu_address=""):
     * ``multi_worker``: ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``;
     * ``tpu``: ``TPUStrategy`` (``tpu_address`` or the Colab runtime's TPU).
 
-    JAX (``keras.distribution.DataParallel`` over ``jax.local_devices()``):
+    JAX (``keras.distribution.DataParallel`` over ``jax.devices()``: the
+    local ones, or every process's after ``jax.distributed.initialize``):
 
-    * ``auto``/``mirrored``: every local TPU core or GPU, else every CPU
-      device; ``default``/``one_device``: the first of them;
+    * ``auto``/``mirrored``: every TPU core or GPU, else every CPU device;
+      ``default``/``one_device``: the first of them (one process only);
     * ``tpu``: the TPU cores, or an error naming what JAX sees;
     * ``multi_worker``: refused (it is TensorFlow's).
     """
@@ -186,6 +195,8 @@ def get_strategy(name="auto", tpu_address=""):
     if backend != "tensorflow":
         raise ValueError(f"training runs on the TensorFlow and JAX backends; the Keras "
                          f"backend is {backend!r} (set KERAS_BACKEND=tensorflow or jax).")
+    import tensorflow as tf
+
     if name == "auto":
         # A TPU VM's local chips first, then the named TPU (Colab, TPU_NAME);
         # a TPU this TensorFlow cannot drive is an error, not a CPU run.
@@ -227,9 +238,9 @@ def get_strategy(name="auto", tpu_address=""):
 def is_chief(strategy):
     """True on the worker that writes logs, plots and the final model."""
     if isinstance(strategy, KerasDistribution):
-        import jax
+        return strategy.process_index == 0
+    import tensorflow as tf
 
-        return jax.process_index() == 0
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
@@ -242,8 +253,11 @@ def is_chief(strategy):
 
 
 def is_tpu(strategy):
-    return isinstance(strategy, tf.distribute.TPUStrategy) or getattr(
-        strategy, "platform", None) == "tpu"
+    if isinstance(strategy, KerasDistribution):
+        return strategy.platform == "tpu"
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.TPUStrategy)
 
 
 def fit_scope(strategy):
@@ -257,6 +271,24 @@ def fit_scope(strategy):
 def describe(strategy):
     if isinstance(strategy, KerasDistribution):
         kind = "DataParallel" if strategy.distribution else "one device"
-        return f"JAX {kind} ({describe_devices(strategy.devices)})"
+        processes = (f"{strategy.process_count} processes, "
+                     if strategy.process_count > 1 else "")
+        return f"JAX {kind} ({processes}{describe_devices(strategy.devices)})"
     replicas = strategy.num_replicas_in_sync
     return f"{type(strategy).__name__} ({replicas} replica{'s' if replicas != 1 else ''})"
+
+
+def check_same_in_processes(strategy, value, what):
+    """Raises ``ValueError`` (one line naming ``what``) unless every process of
+    a multi-process JAX run holds the same integer ``value`` (e.g. the step
+    of the checkpoint each one would restore)."""
+    if not isinstance(strategy, KerasDistribution) or strategy.process_count < 2:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    values = np.asarray(multihost_utils.process_allgather(np.int64(value))).reshape(-1)
+    if len(set(values.tolist())) > 1:
+        raise ValueError(f"the processes disagree on {what}: {values.tolist()} (process 0 "
+                         f"first); every process must see the same files (one shared "
+                         f"--model_dir, the same --data_dir).")

@@ -9,19 +9,19 @@ import dataclasses
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 
 import keras
-import tensorflow as tf
 
 from keras_identity import _checks
+from keras_identity.data import arrays
 from keras_identity.data import datasets as datasets_lib
 from keras_identity.data import normalization as normalization_lib
-from keras_identity.data import pipeline
 from keras_identity.models import registry
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
-from keras_identity.training import multi_worker
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import run_lock
 from keras_identity.training import strategies
@@ -318,7 +318,10 @@ def build_optimizer(model):
 def load_data(config):
     """The run's data; a split without images is refused (a run would report
     a test error of NaN)."""
-    data = datasets_lib.load_dataset(config.dataset, config.data_dir)
+    # The JAX route reads tensorflow_datasets through its random-access data
+    # source (no TensorFlow); the TensorFlow route through tf.data.
+    data = datasets_lib.load_dataset(config.dataset, config.data_dir,
+                                     random_access=keras.backend.backend() == "jax")
     for split, count in (("training", data.num_train), ("test", data.num_test)):
         if not count:
             raise ValueError(f"data_dir={config.data_dir or data.source!r}: the {split} set of "
@@ -410,7 +413,13 @@ def check_writable(directory):
 
 def set_op_determinism(enabled):
     """Turns TensorFlow op determinism on or off (it is process-wide, and the
-    public API can only turn it on)."""
+    public API can only turn it on).  The JAX route uses no TensorFlow op
+    (XLA's CPU and TPU programs are deterministic; on GPUs see
+    ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``)."""
+    if keras.backend.backend() != "tensorflow":
+        return
+    import tensorflow as tf
+
     if enabled:
         tf.config.experimental.enable_op_determinism()
         return
@@ -447,6 +456,50 @@ def setup_precision_and_seed(config):
     set_op_determinism(config.deterministic)
 
 
+def input_streams(strategy, data, *, batch_size, normalization, augmentation, seed,
+                  start_step=0, split="test", eval_crop=224):
+    """The training stream and the evaluation batches of a run (models that
+    take pixel values), for the Keras backend:
+
+    * TensorFlow: tf.data pipelines (:mod:`keras_identity.data.pipeline`),
+      distributed by the ``tf.distribute`` strategy;
+    * JAX: NumPy batches in ``keras.utils.PyDataset`` objects
+      (:mod:`keras_identity.data.arrays`), each process reading its rows of
+      every global batch.
+
+    Returns ``(train, evaluation)``.
+    """
+    eval_resize = {224: 256, 320: 320}.get(eval_crop, 256)
+    padded = strategies.is_tpu(strategy) or strategy.num_replicas_in_sync > 1
+    if isinstance(strategy, strategies.KerasDistribution):
+        processes = dict(process_index=strategy.process_index,
+                         process_count=strategy.process_count)
+        train = arrays.TrainBatches(
+            data, batch_size=batch_size, normalization=normalization,
+            augmentation=augmentation, seed=seed, start_step=start_step, raw_pixels=True,
+            **processes)
+        evaluation = arrays.EvalBatches(
+            data, batch_size=batch_size, normalization=normalization, split=split,
+            pad_to_batch=padded, eval_resize=eval_resize, eval_crop=eval_crop,
+            raw_pixels=True, **processes)
+        return train, evaluation
+    from keras_identity.data import pipeline
+
+    def make_train(input_context=None):
+        return pipeline.train_dataset(
+            data, batch_size=batch_size, normalization=normalization,
+            augmentation=augmentation, seed=seed, start_step=start_step,
+            input_context=input_context, raw_pixels=True)
+
+    def make_eval(input_context=None):
+        return pipeline.eval_dataset(
+            data, batch_size=batch_size, normalization=normalization, split=split,
+            pad_to_batch=padded, eval_resize=eval_resize, eval_crop=eval_crop,
+            input_context=input_context, raw_pixels=True)
+
+    return pipeline.distribute(strategy, make_train), pipeline.distribute(strategy, make_eval)
+
+
 @dataclasses.dataclass
 class Run:
     """A configuration resolved against a machine and a dataset."""
@@ -480,8 +533,17 @@ def prepare(config, strategy=None):
         if strategy is None:
             strategy = strategies.get_strategy(config.strategy, config.tpu)
         chief = strategies.is_chief(strategy)
-        work_dir = config.model_dir if chief else os.path.join(
-            config.model_dir, f".worker{strategy.cluster_resolver.task_id}")
+        # Every worker or process saves (saving reads the distributed
+        # variables, collectively); TensorFlow's other workers into their own
+        # folders of model_dir, JAX's other processes into a local scratch
+        # folder that is removed at the end: model_dir is process 0's alone.
+        if chief:
+            work_dir = config.model_dir
+        elif isinstance(strategy, strategies.KerasDistribution):
+            work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
+        else:
+            work_dir = os.path.join(config.model_dir,
+                                    f".worker{strategy.cluster_resolver.task_id}")
         data = load_data(config)
         recipe = config.get_recipe()
         schedule = recipes_lib.resolve(
@@ -507,10 +569,14 @@ def prepare(config, strategy=None):
         length = None
         if os.path.exists(run_path):
             length = _check_identity(run_path, identity)
-        check_writable(config.model_dir)
+        if chief or not isinstance(strategy, strategies.KerasDistribution):
+            check_writable(config.model_dir)
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()
         state = checkpointer.latest()
+        strategies.check_same_in_processes(
+            strategy, -1 if state is None else state["step"],
+            f"the latest checkpoint's step in {checkpointer.directory} (-1: none)")
         extended_from = None
         if state is not None and schedule.total_steps < state["step"]:
             raise ValueError(f"the run in model_dir={config.model_dir!r} is at step "
@@ -550,6 +616,36 @@ def train(config, print_fn=print, strategy=None):
     finally:
         if run.lock is not None:
             run.lock.release()
+        if run.work_dir != config.model_dir and isinstance(
+                run.strategy, strategies.KerasDistribution):
+            shutil.rmtree(run.work_dir, ignore_errors=True)  # a JAX process's scratch copy
+
+
+def _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step, print_fn):
+    """Trains from ``start_step`` to ``end_step`` and saves ``model.keras``."""
+    config, schedule, work_dir = run.config, run.schedule, run.work_dir
+    try:
+        if start_step < end_step:
+            with strategies.fit_scope(run.strategy):
+                model.fit(train_ds, epochs=math.ceil(end_step / schedule.steps_per_epoch),
+                          initial_epoch=start_step // schedule.steps_per_epoch,
+                          steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
+                          shuffle=False, callbacks=callbacks,
+                          verbose=config.verbose if run.chief else 0)
+        elif end_step < schedule.total_steps:
+            print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
+        else:
+            print_fn(f"the run is already complete ({start_step} steps)")
+        partial = os.path.join(work_dir, "model.partial.keras")  # renamed when whole
+        model.save(partial)
+        os.replace(partial, os.path.join(work_dir, "model.keras"))
+    except OSError as error:  # the history, curves, TensorBoard or model files
+        if not checkpoints.out_of_space(error):
+            raise
+        raise checkpoints.WriteError(
+            f"cannot write into {work_dir} ({error.strerror or error}); the checkpoint of "
+            f"step {run.checkpointer.latest_step()} is intact: free space and run the same "
+            f"command to resume") from None
 
 
 def _train(run, print_fn, started):
@@ -628,24 +724,14 @@ def _train(run, print_fn, started):
                  f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "
                  f"new length (drops at {list(schedule.boundaries)})")
 
-    tpu = strategies.is_tpu(strategy)
-    eval_resize = {224: 256, 320: 320}.get(config.eval_crop, 256)
+    train_ds, eval_ds = input_streams(
+        strategy, data, batch_size=schedule.batch_size, normalization=normalization,
+        augmentation=augmentation, seed=config.seed, start_step=start_step,
+        eval_crop=config.eval_crop)
+    if keras.backend.backend() == "tensorflow":
+        from keras_identity.training import multi_worker
 
-    def make_train(input_context=None):
-        return pipeline.train_dataset(
-            data, batch_size=schedule.batch_size, normalization=normalization,
-            augmentation=augmentation, seed=config.seed, start_step=start_step,
-            input_context=input_context, raw_pixels=True)
-
-    def make_eval(input_context=None):
-        return pipeline.eval_dataset(
-            data, batch_size=schedule.batch_size, normalization=normalization,
-            pad_to_batch=tpu or strategy.num_replicas_in_sync > 1, eval_resize=eval_resize,
-            eval_crop=config.eval_crop, input_context=input_context, raw_pixels=True)
-
-    train_ds = pipeline.distribute(strategy, make_train)
-    eval_ds = pipeline.distribute(strategy, make_eval)
-    multi_worker.prepare(model, make_train(), strategy)
+        multi_worker.prepare(model, strategy)
 
     title = f"{model.name} on {data.name} ({recipe.name} recipe)"
     recorder = callbacks_lib.RunRecorder(
@@ -654,33 +740,17 @@ def _train(run, print_fn, started):
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None))
-    callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(end_step),
-                 recorder,
-                 keras.callbacks.TensorBoard(os.path.join(work_dir, "tensorboard"),
-                                             update_freq="epoch")]
-    model_path = os.path.join(work_dir, "model.keras")
+    callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(end_step), recorder]
+    if chief or not isinstance(strategy, strategies.KerasDistribution):
+        callbacks.append(callbacks_lib.tensorboard(os.path.join(work_dir, "tensorboard")))
+    model_path = os.path.join(model_dir, "model.keras")
     try:
-        if start_step < end_step:
-            with strategies.fit_scope(strategy):
-                model.fit(train_ds, epochs=math.ceil(end_step / schedule.steps_per_epoch),
-                          initial_epoch=start_step // schedule.steps_per_epoch,
-                          steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
-                          shuffle=False,
-                          callbacks=callbacks, verbose=config.verbose if chief else 0)
-        elif end_step < schedule.total_steps:
-            print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
-        else:
-            print_fn(f"the run is already complete ({start_step} steps)")
-        partial = os.path.join(work_dir, "model.partial.keras")  # renamed when whole
-        model.save(partial)
-        os.replace(partial, model_path)
-    except OSError as error:  # the history, curves, TensorBoard or model files
-        if not checkpoints.out_of_space(error):
-            raise
-        raise checkpoints.WriteError(
-            f"cannot write into {work_dir} ({error.strerror or error}); the checkpoint of "
-            f"step {checkpointer.latest_step()} is intact: free space and run the same "
-            f"command to resume") from None
+        _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step,
+                      print_fn)
+    finally:
+        for stream in (train_ds, eval_ds):
+            if hasattr(stream, "close"):  # the JAX route's threads
+                stream.close()
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,
               "steps": int(model.optimizer.iterations.numpy()),

@@ -14,7 +14,6 @@ import time
 import keras
 import keras_tuner
 
-from keras_identity.data import pipeline
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import strategies
@@ -467,6 +466,10 @@ def run_search(search, print_fn=print):
     try:
         trainer.setup_precision_and_seed(config)
         strategy = strategies.get_strategy(config.strategy, config.tpu)
+        if getattr(strategy, "process_count", 1) > 1:
+            raise ValueError(f"the search runs in one process; this JAX program runs in "
+                             f"{strategy.process_count} processes (train the best values "
+                             f"across processes with keras-identity-train).")
         full = trainer.load_data(config)
         data = full.with_validation_split(search.validation_split, seed=config.seed)
         recipe = config.get_recipe()
@@ -485,20 +488,10 @@ def run_search(search, print_fn=print):
         raise
     except ValueError as error:
         raise trainer.ConfigError(str(error)) from None
-    augmentation = config.augmentation or recipe.augmentation
-
-    def make_train(input_context=None):
-        return pipeline.train_dataset(
-            data, batch_size=schedule.batch_size, normalization=normalization,
-            augmentation=augmentation, seed=config.seed, input_context=input_context,
-            raw_pixels=True)
-
-    def make_val(input_context=None):
-        return pipeline.eval_dataset(
-            data, batch_size=schedule.batch_size, normalization=normalization, split="val",
-            pad_to_batch=strategy.num_replicas_in_sync > 1
-            or strategies.is_tpu(strategy), input_context=input_context, raw_pixels=True)
-
+    train_ds, val_ds = trainer.input_streams(
+        strategy, data, batch_size=schedule.batch_size, normalization=normalization,
+        augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
+        split="val")
     tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
     done_before = len(_trial_rows(tuner, search.objective))
     size = search.space_size
@@ -510,12 +503,16 @@ def run_search(search, print_fn=print):
              f"{schedule.epochs} epochs of {schedule.steps_per_epoch} steps per trial; "
              f"{strategies.describe(strategy)}"
              + (f"; continuing after {done_before} finished trials" if done_before else ""))
-    with strategies.fit_scope(strategy):
-        tuner.search(pipeline.distribute(strategy, make_train), epochs=schedule.epochs,
-                     steps_per_epoch=schedule.steps_per_epoch,
-                     validation_data=pipeline.distribute(strategy, make_val),
-                     callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
-                     verbose=config.verbose)
+    try:
+        with strategies.fit_scope(strategy):
+            tuner.search(train_ds, epochs=schedule.epochs,
+                         steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
+                         callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
+                         verbose=config.verbose)
+    finally:
+        for stream in (train_ds, val_ds):
+            if hasattr(stream, "close"):  # the JAX route's threads
+                stream.close()
 
     rows = _trial_rows(tuner, search.objective)
     if not rows:

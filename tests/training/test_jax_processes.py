@@ -1,0 +1,123 @@
+"""One JAX run across processes (jax.distributed): two CPU processes on
+127.0.0.1 train together as one process over two devices does, only process 0
+writes, a resumed run restores the same checkpoint in both, and a process
+that dies stops the other with one line."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from keras_identity.training import processes
+from tests.backend import jax_only
+
+pytestmark = pytest.mark.jax_leg
+
+FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=3",
+         "--train_examples=512", "--test_examples=250", "--verbose=0", "--seed=3"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(coordinator_address="127.0.0.1:1234"), "--num_processes, --process_id missing"),
+    (dict(num_processes=2, process_id=0), "--coordinator_address missing"),
+    (dict(coordinator_address="localhost", num_processes=2, process_id=0),
+     "expected HOST:PORT"),
+    (dict(coordinator_address="h:70000", num_processes=2, process_id=0), "expected HOST:PORT"),
+    (dict(coordinator_address="h:80", num_processes=0, process_id=0), "integer >= 1"),
+    (dict(coordinator_address="h:80", num_processes=2, process_id=2), r"in \[0, 2\)"),
+])
+def test_the_process_flags_are_checked_in_one_line(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        processes.check_arguments(**arguments)
+    assert processes.check_arguments() is False
+    assert processes.check_arguments("10.0.0.2:1234", 4, 3) is True
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(devices=None):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(KERAS_BACKEND="jax", PYTHONUNBUFFERED="1")
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _command(model_dir, extra):
+    return [sys.executable, "-m", "keras_identity_cli.train", *FLAGS,
+            f"--model_dir={model_dir}", *extra]
+
+
+def _start_pair(model_dir, extra):
+    port = _port()
+    return [subprocess.Popen(
+        _command(model_dir, extra + [f"--coordinator_address=127.0.0.1:{port}",
+                                     "--num_processes=2", f"--process_id={i}"]),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+
+
+def _finish(procs, timeout=600):
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        outputs.append((proc.returncode, out, err))
+    return outputs
+
+
+def _losses(model_dir):
+    with open(os.path.join(model_dir, "history.json")) as f:
+        return [[row["loss"], row["test_loss"], row["test_error"]] for row in json.load(f)]
+
+
+@jax_only
+def test_two_processes_train_as_one_process_over_two_devices(tmp_path):
+    reference = tmp_path / "one_process"
+    subprocess.run(_command(reference, ["--train_steps=6"]), env=_env(devices=2), check=True,
+                   capture_output=True, text=True, timeout=600)
+    together = tmp_path / "two_processes"
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(_start_pair(together, ["--train_steps=6"]))
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+    assert "JAX DataParallel (2 processes, 2 CPU)" in out0
+    # Process 1 says what it runs, and leaves the per-epoch lines to process 0.
+    assert "JAX DataParallel (2 processes, 2 CPU)" in out1
+    assert "epoch 2 step 6/6" in out0 and "epoch 1 step" not in out1
+    # Equal losses, test losses and errors (250 test images, the last batch
+    # padded): the same global batches and gradients, summed across processes
+    # by Gloo instead of within one process (rounding only).
+    for a, b in zip(_losses(reference), _losses(together)):
+        assert a == pytest.approx(b, abs=1e-5)
+    # Written once, by process 0: no per-process copies.
+    names = sorted(os.listdir(together))
+    assert "model.keras" in names and not any(n.startswith(".worker") for n in names)
+    assert sorted(os.listdir(together / "tensorboard")) == ["train", "validation"]
+
+    # Resumed with a longer run: both restore the checkpoint of step 6.
+    (rc0, out0, err0), (rc1, _, err1) = _finish(_start_pair(together, ["--train_steps=9"]))
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+    assert "resuming from the checkpoint at step 6" in out0
+    assert [row[0] for row in _losses(together)][:2] == [row[0] for row in
+                                                         _losses(reference)][:2]
+    assert len(_losses(together)) == 3
+
+
+@jax_only
+def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
+    procs = _start_pair(tmp_path / "run", ["--train_steps=3000", "--steps_per_epoch=1000"])
+    time.sleep(25)  # both are connected and training (or compiling)
+    procs[1].send_signal(signal.SIGKILL)
+    started = time.time()
+    (rc0, out0, err0), _ = _finish(procs, timeout=150)
+    assert rc0 != 0
+    assert time.time() - started < processes.HEARTBEAT_TIMEOUT_S + 30
+    errors = [line for line in err0.splitlines() if line.startswith("error:")]
+    assert errors and "another process of this 2-process run stopped" in errors[-1], err0[-3000:]
