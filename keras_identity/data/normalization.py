@@ -101,7 +101,11 @@ class Normalization:
         return x * 255.0
 
     def __call__(self, images):
-        """Normalises a uint8 or float image tensor with values in [0, 255]."""
+        """Normalises uint8 or float images with values in [0, 255]: a
+        TensorFlow tensor (the tf.data pipeline, the serving signatures) with
+        TensorFlow ops, anything else (NumPy, JAX arrays) as :meth:`array`."""
+        if not type(images).__module__.startswith("tensorflow"):
+            return self.array(images)
         import tensorflow as tf
 
         x = tf.cast(images, tf.float32) / 255.0

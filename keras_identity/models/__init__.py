@@ -14,3 +14,4 @@ from keras_identity.models.stage import STAGE_MODES
 from keras_identity.models.stage import transfer_weights
 from keras_identity.models.stage import unroll
 from keras_identity.models.weights import load_weights
+from keras_identity.models.weights import to_float32

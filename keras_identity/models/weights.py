@@ -111,3 +111,17 @@ def load_weights(model, weights):
     if source_layer is not None and target_layer is not None:
         target_layer.set_normalization(source_layer.normalization)
     return model
+
+
+def to_float32(model):
+    """A float32 copy of a mixed-precision model (the same weights): every
+    layer rebuilt with ``dtype="float32"`` (serving on CPUs and GPUs, or a
+    reference for a bfloat16 step)."""
+    def clone(layer):
+        config = layer.get_config()
+        config["dtype"] = "float32"
+        return layer.__class__.from_config(config)
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    copy.set_weights(model.get_weights())
+    return copy

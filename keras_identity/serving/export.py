@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_identity.layers.preprocessing import find_preprocessing
+from keras_identity.models.weights import to_float32
 
 from keras_identity.serving import signatures as signatures_lib
 from keras_identity.serving import warmup as warmup_lib
@@ -39,18 +40,6 @@ def _check_export_base(export_base):
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"export_dir={export_base!r} is not writable ({existing} is not a "
                          f"writable directory).")
-
-
-def to_float32(model):
-    """A float32 copy of a mixed-precision model (same weights)."""
-    def clone(layer):
-        config = layer.get_config()
-        config["dtype"] = "float32"
-        return layer.__class__.from_config(config)
-
-    copy = keras.models.clone_model(model, clone_function=clone)
-    copy.set_weights(model.get_weights())
-    return copy
 
 
 def export_saved_model(model, export_base, preprocessing=None, *, class_names=None,

@@ -1,13 +1,13 @@
 """Choosing the distribution: a ``tf.distribute`` strategy on TensorFlow, a
 ``keras.distribution`` on JAX.
 
-The trainer speaks the ``tf.distribute`` interface (``scope()``,
-``num_replicas_in_sync``, ``distribute_datasets_from_function``); on the JAX
-backend :class:`KerasDistribution` offers the same over
-``keras.distribution.DataParallel``: the variables are replicated on every
-local device (TPU cores, GPUs, or virtual CPU devices) and each global batch
-is split along its first axis, as ``MirroredStrategy``/``TPUStrategy`` split
-it over replicas.
+The trainer speaks the part of the ``tf.distribute`` interface it needs
+(``scope()``, ``num_replicas_in_sync``); on the JAX backend
+:class:`KerasDistribution` offers it over ``keras.distribution.DataParallel``:
+the variables are replicated on every device (TPU cores, GPUs, or virtual CPU
+devices, of one process or of every process of a ``jax.distributed`` run) and
+each global batch is split along its first axis, as
+``MirroredStrategy``/``TPUStrategy`` split it over replicas.
 """
 
 import contextlib

@@ -6,7 +6,7 @@ import types
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from PIL import Image
 
 from keras_identity.data import DataError
 from keras_identity.data import load_dataset
@@ -14,7 +14,9 @@ from keras_identity.data import load_dataset
 
 def _png(value, size=(6, 6), channels=3):
     image = np.full(size + (channels,), value, np.uint8)
-    return tf.io.encode_png(image).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(image[..., 0] if channels == 1 else image).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def _write_tree(root, classes=("cat", "dog"), per_class=3, test_name="test"):

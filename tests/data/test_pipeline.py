@@ -1,5 +1,6 @@
 import numpy as np
-import tensorflow as tf
+import pytest
+tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.data import ImageDataset
 from keras_identity.data import Normalization

@@ -13,10 +13,14 @@ import urllib.request
 import numpy as np
 import pytest
 
-from keras_identity.serving.warmup import encode_png
-from keras_identity.training import TrainConfig
-from keras_identity.training import train
-from tests.conftest import REPO
+pytest.importorskip("tensorflow")  # SavedModels: TensorFlow on every backend
+
+from keras_identity.serving.warmup import encode_png  # noqa: E402
+from keras_identity.training import TrainConfig  # noqa: E402
+from keras_identity.training import train  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+pytestmark = pytest.mark.needs_tensorflow
 
 
 def run_module(module, *args, timeout=300):

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import keras
-import tensorflow as tf
+
+tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.layers import FusedBatchNormalization
 from tests.backend import tensorflow_only

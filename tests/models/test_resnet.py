@@ -4,7 +4,6 @@ import contextlib
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_identity as ki
 from keras_identity.layers import ResidualUnit
@@ -161,7 +160,10 @@ def test_logits_and_headless_models():
     assert features.output_shape == (None, 8, 8, 256)
 
 
+@pytest.mark.needs_tensorflow
 def test_export_round_trip(tmp_path, rng):
+    import tensorflow as tf
+
     model = ki.models.preact_resnet(11, shortcut="shortcut_only_gating")
     x = rng.uniform(size=(3, 32, 32, 3)).astype("float32")
     path = str(tmp_path / "export")

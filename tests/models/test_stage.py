@@ -21,7 +21,6 @@ def test_stage_names_strides_and_first_unit_overrides():
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import keras_identity as ki  # noqa: E402
 from tests.backend import BACKEND  # noqa: E402
@@ -162,7 +161,10 @@ def test_scan_model_trains_with_xla(recompute):
     assert np.all(np.isfinite(loss)) and loss[-1] < loss[0]
 
 
+@pytest.mark.needs_tensorflow
 def test_scan_model_keras_and_savedmodel_round_trip(tmp_path):
+    import tensorflow as tf
+
     model = ki.models.preact_resnet(29, stage_mode="scan", input_shape=(8, 8, 3), seed=0)
     x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
     expected = model.predict(x, verbose=0)

@@ -4,12 +4,13 @@ import pytest
 
 import keras_identity as ki
 from keras_identity.data import Normalization
-from keras_identity.serving import export_saved_model
 
 
 @pytest.fixture(scope="module")
 def cifar_export(tmp_path_factory):
     """A pre-activation ResNet with a gated shortcut, exported once per module."""
+    from keras_identity.serving import export_saved_model
+
     keras.utils.set_random_seed(5)
     model = ki.models.preact_resnet(11, shortcut="exclusive_gating", gate_bias_init=-2.0)
     rng = np.random.default_rng(1)

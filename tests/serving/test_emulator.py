@@ -4,12 +4,15 @@ import base64
 
 import numpy as np
 import pytest
-import tensorflow as tf
+tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.serving import rest
 from keras_identity.serving.emulator import ServingEmulator
 from keras_identity.serving.warmup import encode_png
 from keras_identity.serving.warmup import serving_apis
+
+# SavedModels: TensorFlow on every backend.
+pytestmark = pytest.mark.needs_tensorflow
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 import keras_identity as ki
 from keras_identity.data import Normalization
@@ -15,7 +15,7 @@ from keras_identity.serving.emulator import ServingEmulator
 from keras_identity.serving.warmup import encode_png
 from keras_identity.serving.warmup import read_warmup
 
-pytestmark = pytest.mark.core_leg
+pytestmark = [pytest.mark.core_leg, pytest.mark.needs_tensorflow]
 
 
 def saved_model_cli():
@@ -153,7 +153,7 @@ def test_mixed_precision_model_serves_float32(tmp_path, rng):
     assert a.dtype == np.float32 and b.dtype == np.float32
     np.testing.assert_allclose(b, model.predict(images / 255.0, verbose=0), atol=0.05)
     np.testing.assert_allclose(a, b, atol=0.05)
-    clone = ki.serving.export.to_float32(model)
+    clone = ki.models.to_float32(model)
     assert clone.get_layer("stage1_unit1").compute_dtype == "float32"
     np.testing.assert_allclose(clone.predict(images / 255.0, verbose=0), b, atol=1e-5)
 

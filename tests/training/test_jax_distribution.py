@@ -59,7 +59,7 @@ def test_strategy_names_resolve_to_keras_distributions():
 
 
 @pytest.mark.parametrize("name, tpu, match", [
-    ("multi_worker", "", "strategy='multi_worker' runs on the TensorFlow backend"),
+    ("multi_worker", "", "strategy='multi_worker' is TensorFlow's"),
     ("tpu", "", r"strategy=.tpu. found no TPU: JAX sees \d+ CPU"),
     ("auto", "grpc://10.0.0.2:8470", "tpu='grpc://10.0.0.2:8470' does not apply on the JAX"),
 ])

@@ -1,5 +1,5 @@
 import pytest
-import tensorflow as tf
+tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.training import get_strategy
 from keras_identity.training import strategies

@@ -37,7 +37,7 @@ def test_config_round_trip():
 
 # --- the Fig. 2 shortcut classes ------------------------------------------------
 
-import tensorflow as tf  # noqa: E402
+tf = pytest.importorskip("tensorflow")  # noqa: E402  (TensorFlow-only checks)
 
 from keras_identity.layers.residual import GATED_SHORTCUTS  # noqa: E402
 from keras_identity.layers.residual import shortcuts  # noqa: E402

@@ -4,7 +4,8 @@ programs (orderings) it interprets."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
+
+tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.layers.residual import _tf_loop as unit_loop
 from keras_identity.layers.residual import check_recompute
