@@ -44,14 +44,21 @@ def _install_functions():
         "keras>=3.15,<4"])),
 ])
 def test_install_plan_per_runtime(route, kind, python, expected):
-    plan = _install_functions()["install_plan"]
-    resolved, commands = plan(route, kind, python)
+    functions = _install_functions()
+    resolved, commands = functions["install_plan"](route, kind, python)
     assert resolved == expected[0]
     for argument in expected[1]:
         assert argument in commands[0]
-    assert commands[-1][0] == "--no-deps" and commands[-1][1].startswith(
-        "tensorflow-serving-api")
     assert not any("tensorflow-cpu" in a or a.startswith("tensorflow==") for a in commands[0])
+    if resolved == "jax":  # trains without TensorFlow; the export cell adds it
+        assert not any(a.startswith("tensorflow") and a != "tensorflow-datasets"
+                       for command in commands for a in command)
+        export = functions["EXPORT_PLAN"]
+        assert export[0][0].startswith("tensorflow-cpu")
+        assert export[-1][0] == "--no-deps" and export[-1][1].startswith("tensorflow-serving-api")
+    else:
+        assert commands[-1][0] == "--no-deps" and commands[-1][1].startswith(
+            "tensorflow-serving-api")
 
 
 def test_tensorflow_on_a_tpu_runtime_without_wheels_says_what_to_pick():
