@@ -198,19 +198,14 @@ class TrainBatches(keras.utils.PyDataset):
     """An endless, shuffled, augmented stream of ``(images, labels)`` batches:
     item ``i`` is global batch ``start_step + i`` (this process's rows).
 
-    Args:
-        data: an :class:`ImageDataset`.
-        batch_size: the global batch size.
-        normalization: a :class:`Normalization`.
-        augmentation: ``"none"``, ``"cifar"`` or ``"imagenet"``.
-        seed: seed of the shuffling and augmentation.
-        start_step: global batches already consumed (resuming a run).
-        process_index, process_count: this process and how many read the
-            stream together (``jax.process_index()``/``process_count()``).
-        raw_pixels: yield pixel values in [0, 255] (float32) for a model that
-            normalises its inputs itself; the CIFAR augmentation pads the
-            normalised image with zeros and maps the crop back to pixel
-            values (the authors' order), as the tf.data pipeline does.
+    The arguments are those of :func:`keras_identity.data.pipeline.train_dataset`
+    (``data``, the global ``batch_size``, ``normalization``, ``augmentation``,
+    ``seed``, ``start_step``, ``raw_pixels``: the CIFAR augmentation pads the
+    normalised image and maps the crop back to pixel values, the authors'
+    order), with ``process_index`` and ``process_count`` (this process, and
+    how many read the stream together: ``jax.process_index()``,
+    ``jax.process_count()``) in place of a ``tf.distribute`` input context;
+    batches are always whole.
     """
 
     def __init__(self, data, *, batch_size, normalization, augmentation="none", seed=0,
