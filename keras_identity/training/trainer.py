@@ -718,7 +718,8 @@ def _train(run, print_fn, started):
         if previous_backend not in (None, keras.backend.backend()):
             print_fn(f"the run was trained on the {previous_backend} backend until now; it "
                      f"continues on {keras.backend.backend()} (same weights and optimizer "
-                     f"state; random masks and rounding differ between backends)")
+                     f"state; the order of the examples, the augmentation draws (tf.data on "
+                     f"TensorFlow, NumPy on JAX), random masks and rounding differ)")
     if run.extended_from is not None:
         print_fn(f"the run's length changes from {run.extended_from:,} to "
                  f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "
