@@ -53,7 +53,8 @@ flags.DEFINE_enum("augmentation", None, list(_cli.constants().AUGMENTATIONS),
                   "Data augmentation (default: the recipe's).")
 flags.DEFINE_enum("strategy", "auto", list(_cli.constants().STRATEGIES),
                   "Distribution: a tf.distribute strategy on TensorFlow, "
-                  "keras.distribution.DataParallel on JAX (auto/mirrored: all local devices).")
+                  "keras.distribution.DataParallel on JAX (auto/mirrored: every device, of every "
+                  "process).")
 flags.DEFINE_string("tpu", "", "TPU address for --strategy=tpu (Colab: empty).")
 flags.DEFINE_enum("precision", "float32", list(_cli.constants().PRECISIONS),
                   "Keras dtype policy (mixed_float16 uses loss scaling).")
@@ -132,7 +133,8 @@ def main(argv):
             fail(f"{type(error).__name__}: {' '.join(str(error).split())[:200]}")
         raise
     if processes > 1:
-        # Every process is done: leave without waiting in JAX's shutdown barrier.
+        # Every process is done (train() ends at a barrier): leave without JAX's
+        # shutdown barrier, which aborts a process whose peer left first.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -8,11 +8,12 @@ built without TensorFlow:
   global batches: batch ``k`` holds the examples ``k * batch_size, ...`` of
   that stream, so a run resumed at step ``k`` (``start_step``) reads what an
   uninterrupted run would;
-* every random choice (a pass's permutation, a batch's crop offsets and
-  flips, an ImageNet image's scale, crop and flip) comes from NumPy's
-  generator seeded with ``(seed, purpose, pass or position)``: a function of
-  the run's seed and of the place in the stream, never of the number of
-  processes or of what was read before;
+* every random choice comes from NumPy's generator seeded with ``(seed,
+  purpose, index)``: a pass's permutation by the pass, a CIFAR batch's crop
+  offsets and flips by the global batch, an image's ImageNet scale, crop and
+  flip by its position in the stream: a function of the run's seed and of
+  the place in the stream, never of the number of processes or of what was
+  read before;
 * process ``i`` of ``P`` receives rows ``[i * B / P, (i + 1) * B / P)`` of
   every global batch of ``B`` examples; Keras's JAX trainer assembles the
   global batch from the processes' slices

@@ -495,6 +495,9 @@ def _from_tfds(name, data_dir, random_access=False):
                 if name == "imagenet" else
                 "no internet? pass --data_dir with offline files (e.g. --data_dir="
                 "../shared/data)")
+        if random_access:
+            hint += ("; the JAX route reads tfds's array_record files (a data_dir "
+                     "prepared as tfrecord for tf.data is prepared again)")
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise DataError(f"tensorflow_datasets could not load {tfds_name} "
                         f"({type(error).__name__}: {first_line[:200]}); {hint}.") from None

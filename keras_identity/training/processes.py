@@ -6,7 +6,8 @@ before JAX starts its backend; the trainer then lays the model out with
 ``keras.distribution.DataParallel`` over every process's devices
 (:func:`keras_identity.training.strategies.get_strategy`), each process
 reads its own rows of every global batch (:mod:`keras_identity.data.arrays`)
-and only process 0 writes files.
+and only process 0 writes into the run's directory (the others save into
+scratch folders of their own, removed at the end).
 """
 
 import os

@@ -292,3 +292,11 @@ def check_same_in_processes(strategy, value, what):
         raise ValueError(f"the processes disagree on {what}: {values.tolist()} (process 0 "
                          f"first); every process must see the same files (one shared "
                          f"--model_dir, the same --data_dir).")
+
+
+def barrier(strategy, name):
+    """Waits until every process of a multi-process JAX run reaches ``name``."""
+    if isinstance(strategy, KerasDistribution) and strategy.process_count > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 
 import keras
 
@@ -533,14 +534,16 @@ def prepare(config, strategy=None):
         if strategy is None:
             strategy = strategies.get_strategy(config.strategy, config.tpu)
         chief = strategies.is_chief(strategy)
-        # Every worker or process saves (saving reads the distributed
-        # variables, collectively); TensorFlow's other workers into their own
-        # folders of model_dir, JAX's other processes into a local scratch
-        # folder that is removed at the end: model_dir is process 0's alone.
+        # Every worker or process saves, as the others do: TensorFlow's other
+        # workers into their own folders of model_dir, JAX's other processes
+        # into a local scratch folder removed at the end (on JAX, saving passes
+        # values through jax.device_put, whose check that every process holds
+        # the same value is a collective: process 0 cannot save alone).
+        # model_dir is process 0's alone.
         if chief:
             work_dir = config.model_dir
         elif isinstance(strategy, strategies.KerasDistribution):
-            work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
+            work_dir = None  # the scratch folder, made once nothing can fail
         else:
             work_dir = os.path.join(config.model_dir,
                                     f".worker{strategy.cluster_resolver.task_id}")
@@ -577,6 +580,10 @@ def prepare(config, strategy=None):
         strategies.check_same_in_processes(
             strategy, -1 if state is None else state["step"],
             f"the latest checkpoint's step in {checkpointer.directory} (-1: none)")
+        strategies.check_same_in_processes(
+            strategy, zlib.crc32(json.dumps([identity, schedule.total_steps],
+                                            sort_keys=True).encode()),
+            "the run's inputs (a digest of the flags, the data and the run's length)")
         extended_from = None
         if state is not None and schedule.total_steps < state["step"]:
             raise ValueError(f"the run in model_dir={config.model_dir!r} is at step "
@@ -591,6 +598,8 @@ def prepare(config, strategy=None):
         if isinstance(error, ValueError) and not isinstance(error, ConfigError):
             raise ConfigError(str(error)) from None
         raise
+    if work_dir is None:
+        work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
     os.makedirs(work_dir, exist_ok=True)
     return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
                recipe=recipe, schedule=schedule, normalization=normalization,
@@ -666,7 +675,12 @@ def _train(run, print_fn, started):
                       steps_per_execution=run.steps_per_execution)
         try:
             state = checkpointer.restore(model) if run.state is not None else None
-        except checkpoints.CheckpointError as error:
+            # A process that had to skip an unreadable checkpoint restored an
+            # older one than the others: refused, never trained apart.
+            strategies.check_same_in_processes(
+                strategy, -1 if state is None else state["step"],
+                f"the step of the checkpoint restored from {checkpointer.directory}")
+        except (checkpoints.CheckpointError, ValueError) as error:
             raise ConfigError(str(error)) from None
     # Written once the model is built and restored: a configuration the
     # builder refuses leaves no run behind.
@@ -748,6 +762,9 @@ def _train(run, print_fn, started):
     try:
         _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step,
                       print_fn)
+        # Process 0's files are written before any process returns (a process
+        # that left early would look dead to the coordination service).
+        strategies.barrier(strategy, "keras_identity_training_done")
     finally:
         for stream in (train_ds, eval_ds):
             if hasattr(stream, "close"):  # the JAX route's threads

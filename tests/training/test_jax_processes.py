@@ -19,7 +19,7 @@ from tests.backend import jax_only
 pytestmark = pytest.mark.jax_leg
 
 FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=3",
-         "--train_examples=512", "--test_examples=250", "--verbose=0", "--seed=3"]
+         "--test_examples=250", "--verbose=0", "--seed=3"]
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -53,7 +53,9 @@ def _env(devices=None):
 
 
 def _command(model_dir, extra):
-    return [sys.executable, "-m", "keras_identity_cli.train", *FLAGS,
+    examples = [] if any(a.startswith("--train_examples") for a in extra) else [
+        "--train_examples=512"]
+    return [sys.executable, "-m", "keras_identity_cli.train", *FLAGS, *examples,
             f"--model_dir={model_dir}", *extra]
 
 
@@ -121,3 +123,20 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
     assert time.time() - started < processes.HEARTBEAT_TIMEOUT_S + 30
     errors = [line for line in err0.splitlines() if line.startswith("error:")]
     assert errors and "another process of this 2-process run stopped" in errors[-1], err0[-3000:]
+
+
+@jax_only
+def test_processes_with_other_inputs_are_refused_in_one_line(tmp_path):
+    """Hosts that would train on other data (here: another subset) never train
+    apart: both stop before the first step, naming the disagreement."""
+    port = _port()
+    procs = [subprocess.Popen(
+        _command(tmp_path / "run", ["--train_steps=6", f"--train_examples={512 + 64 * i}",
+                                    f"--coordinator_address=127.0.0.1:{port}",
+                                    "--num_processes=2", f"--process_id={i}"]),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    for rc, _, err in _finish(procs, timeout=300):
+        assert rc == 2
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "the processes disagree on the run's inputs" in errors[0]
