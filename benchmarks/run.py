@@ -129,13 +129,24 @@ def forward_flops(depth, image=32, shortcut="identity"):
 
 
 def _measure_peak():
-    """float32 matmul TFLOP/s of this machine (TensorFlow, best of 5)."""
-    import tensorflow as tf
+    """float32 matmul TFLOP/s of this machine (best of 5): TensorFlow's where
+    it is installed, else JAX's (a machine with JAX and no TensorFlow)."""
+    import importlib.util
 
     n = _MATMUL_SIZE
-    a = tf.random.normal((n, n))
-    b = tf.random.normal((n, n))
-    matmul = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)))
+    if importlib.util.find_spec("tensorflow") is not None:
+        import tensorflow as tf
+
+        a = tf.random.normal((n, n))
+        b = tf.random.normal((n, n))
+        matmul = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)))
+    else:
+        import jax
+        import jax.numpy as jnp
+
+        a = jax.random.normal(jax.random.key(0), (n, n))
+        b = jax.random.normal(jax.random.key(1), (n, n))
+        matmul = jax.jit(lambda a, b: jnp.sum(a @ b))
     float(matmul(a, b))
     best = float("inf")
     for _ in range(5):
@@ -334,6 +345,12 @@ def main(argv):
         except ImportError:
             sys.exit("benchmarks.run: PyTorch is not installed; pip install -e \".[bench]\" "
                      "or pass --notorch.")
+    if "tensorflow" in FLAGS.backends:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorflow") is None:
+            sys.exit("benchmarks.run: TensorFlow is not installed; pip install -e \".[cpu]\" "
+                     "or pass --backends=jax.")
     if "jax" in FLAGS.backends:
         try:
             import jax  # noqa: F401

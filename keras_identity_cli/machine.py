@@ -30,7 +30,13 @@ def describe():
     try:
         import jax
 
+        if ", GPU " not in text:  # no TensorFlow to name it
+            gpus = [d for d in jax.devices() if d.platform == "gpu"]
+            if gpus:
+                text += f", GPU {gpus[0].device_kind} x{len(gpus)}"
         text += f", JAX {jax.__version__}"
     except ImportError:
         pass
+    except RuntimeError:  # a JAX backend that fails to start
+        text += f", JAX {jax.__version__}"
     return text
