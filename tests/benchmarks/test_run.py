@@ -30,6 +30,7 @@ def test_forward_flops_of_resnet164():
     assert 1.85 * identity < projected < gated < 1.95 * identity
 
 
+@pytest.mark.needs_tensorflow
 def test_small_run_writes_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
     result = _cli("--models=preact_resnet11", "--modes=unrolled,scan", "--notorch",
@@ -87,3 +88,19 @@ def test_machine_table_shows_missing_values_and_failures():
         [dict(mode="scan", speed=12.345, ratio=None), dict(mode="unrolled", speed="failed: x")],
         [("mode", "mode", "{}"), ("speed", "img/s", "{:.1f}"), ("ratio", "x PyTorch", "{:.2f}")])
     assert text.splitlines()[2:] == ["| scan | 12.3 | - |", "| unrolled | failed: x | - |"]
+
+
+@pytest.mark.jax_leg
+def test_a_jax_run_needs_no_tensorflow(tmp_path):
+    """A machine with JAX and no TensorFlow (a GPU box, a TPU VM) runs the JAX
+    rows; the MFU peak is then JAX's matmul."""
+    from keras_identity import _tensorflow
+
+    out = tmp_path / "bench.json"
+    result = _cli("--models=preact_resnet11", "--notorch", "--shortcuts=identity",
+                  "--batch_sizes=preact_resnet11:4", "--steps=2", "--warmup=0",
+                  "--backends=jax", "--jax_modes=scan", f"--output_json={out}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| preact_resnet11 | jax | identity | scan | 4 |" in result.stdout
+    assert ("TensorFlow)" if _tensorflow.available() else "2048, JAX)") in result.stdout
+    assert [r["backend"] for r in json.loads(out.read_text())["rows"]] == ["jax"]
