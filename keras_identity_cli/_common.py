@@ -97,15 +97,6 @@ def require_tensorflow(what):
         fail(error)
 
 
-def fail_fast(message, code=1):
-    """:func:`fail` for a process of a multi-process JAX run: exits at once,
-    without JAX's shutdown barrier (which would wait for the lost process
-    and then abort with a stack trace)."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(code)
-
-
 def run_program(main, module_name):
     """``app.run(main)`` for the program defined in ``module_name``.
 
@@ -135,9 +126,17 @@ def one_line_flags_parser(argv):
     return remaining
 
 
-def fail(message, code=1):
-    """Prints ``error: <message>`` (one line) to stderr and exits."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+def fail(message, code=1, *, at_once=False):
+    """Prints ``error: <message>`` (one line) to stderr and exits.
+
+    ``at_once``: for a process of a multi-process JAX run, exit without JAX's
+    shutdown barrier (which would wait for a lost process and then abort with
+    a stack trace).
+    """
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    if at_once:
+        sys.stdout.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -112,7 +112,9 @@ def main(argv):
     from keras_identity.training import train
     from keras_identity.training.processes import lost_peer
 
-    fail = _cli.fail if processes == 1 else _cli.fail_fast
+    def fail(message, code=1):
+        _cli.fail(message, code, at_once=processes > 1)
+
     try:
         train(config_from_flags())
     except ConfigError as error:

@@ -113,6 +113,11 @@ def center_crop(image, resize=256, crop=224):
     return image[top:top + crop, left:left + crop].astype(np.float32)
 
 
+def _model_inputs(images, normalization, raw_pixels):
+    """Pixel values as float32, or normalised images."""
+    return np.asarray(images, np.float32) if raw_pixels else normalization(images)
+
+
 def _process_rows(batch_size, process_index, process_count):
     if batch_size % process_count:
         raise ValueError(f"batch_size={batch_size} is not valid with {process_count} "
@@ -216,6 +221,10 @@ class TrainBatches(keras.utils.PyDataset):
             raise ValueError(f"augmentation={augmentation!r} is not valid; expected one of: "
                              f"{', '.join(repr(a) for a in AUGMENTATIONS)}.")
         self.examples = _Examples(data, "train")
+        if augmentation == "cifar" and self.examples.images is None:
+            raise ValueError(f"augmentation='cifar' crops whole in-memory batches; "
+                             f"{data.source} is read image by image (use 'imagenet' or "
+                             f"'none').")
         self.batch_size = int(batch_size)
         self.first, self.local = _process_rows(self.batch_size, process_index, process_count)
         self.normalization = normalization
@@ -262,10 +271,10 @@ class TrainBatches(keras.utils.PyDataset):
             if self.augmentation == "cifar":
                 offsets, flips = cifar_draws(self.seed, step, self.batch_size)
                 rows = slice(self.first, self.first + self.local)
-                x = crop_and_flip(self.normalization.array(images), offsets[rows], flips[rows])
-                x = self.normalization.invert_array(x) if self.raw_pixels else x
+                x = crop_and_flip(self.normalization(images), offsets[rows], flips[rows])
+                x = self.normalization.invert(x) if self.raw_pixels else x
             else:
-                x = self._output(images)
+                x = _model_inputs(images, self.normalization, self.raw_pixels)
             return x, labels.astype(np.int32)
         pairs = [self._one(step * self.batch_size + self.first + row, i)
                  for row, i in enumerate(index)]
@@ -275,15 +284,7 @@ class TrainBatches(keras.utils.PyDataset):
         image, label = self.examples.one(i)
         if self.augmentation == "imagenet":
             image = imagenet_train(image, _generator(self.seed, _IMAGE, position))
-        elif self.augmentation == "cifar":
-            offsets, flips = cifar_draws(self.seed, position, 1)
-            image = crop_and_flip(self.normalization.array(image[None]), offsets, flips)[0]
-            return (self.normalization.invert_array(image) if self.raw_pixels else image), label
-        return self._output(image), label
-
-    def _output(self, images):
-        return (np.asarray(images, np.float32) if self.raw_pixels
-                else self.normalization.array(images))
+        return _model_inputs(image, self.normalization, self.raw_pixels), label
 
     def close(self):
         """Stops the threads preparing batches."""
@@ -342,17 +343,14 @@ class EvalBatches(keras.utils.PyDataset):
         index = np.where(positions < count, positions, 0)
         if self.files:
             pairs = [self.examples.one(i) for i in index]
-            x = np.stack([self._output(center_crop(p[0], self.eval_resize, self.eval_crop))
-                          for p in pairs])
-            y = np.asarray([p[1] for p in pairs], np.int32)
+            images = np.stack([center_crop(p[0], self.eval_resize, self.eval_crop)
+                               for p in pairs])
+            labels = np.asarray([p[1] for p in pairs])
         else:
             images, labels = self.examples.batch(index)
-            x, y = self._output(images), labels.astype(np.int32)
+        x = _model_inputs(images, self.normalization, self.raw_pixels)
+        y = labels.astype(np.int32)
         return (x, y, weights) if self.pad_to_batch else (x, y)
-
-    def _output(self, images):
-        return (np.asarray(images, np.float32) if self.raw_pixels
-                else self.normalization.array(images))
 
     def close(self):
         self._prefetcher.close()

@@ -256,9 +256,10 @@ def _decode_all(encoded, channels, names, source):
     from keras_identity import _tensorflow
 
     if not _tensorflow.available():
-        images = [decode_image(data, channels, f"{source}: {name}")
-                  for data, name in zip(encoded, names)]
-        _check_one_size([image.shape for image in images], names, source)
+        images, sizes = [], {}
+        for data, name in zip(encoded, names):
+            images.append(decode_image(data, channels, f"{source}: {name}"))
+            _note_size(sizes, images[-1].shape, name, source)
         return np.stack(images) if images else np.zeros((0, 1, 1, channels), np.uint8)
     import tensorflow as tf
 
@@ -273,31 +274,30 @@ def _decode_all(encoded, channels, names, source):
     return np.concatenate(parts) if parts else np.zeros((0, 1, 1, channels), np.uint8)
 
 
-def _check_one_size(shapes, names, source):
-    sizes = {}
-    for shape, name in zip(shapes, names):
-        sizes.setdefault(tuple(shape), name)
-        if len(sizes) > 1:
-            (first, first_name), (other, other_name) = list(sizes.items())[:2]
-            raise DataError(f"{source}: {other_name} is {other[1]}x{other[0]}x{other[2]}, "
-                            f"other images ({first_name}, ...) are "
-                            f"{first[1]}x{first[0]}x{first[2]}; in-memory datasets need one "
-                            f"size.")
+def _note_size(sizes, shape, name, source):
+    """Adds image ``name``'s ``shape`` to ``sizes`` (shape -> first image of
+    it); raises :class:`DataError` naming both images once two sizes are seen."""
+    sizes.setdefault(tuple(shape), name)
+    if len(sizes) > 1:
+        (first, first_name), (other, other_name) = list(sizes.items())[:2]
+        raise DataError(f"{source}: {other_name} is {other[1]}x{other[0]}x{other[2]}, "
+                        f"other images ({first_name}, ...) are "
+                        f"{first[1]}x{first[0]}x{first[2]}; in-memory datasets need one "
+                        f"size.")
 
 
 def _raise_for_bad_image(encoded, channels, names, source):
     """Finds the image that stopped :func:`_decode_all` and raises naming it."""
     import tensorflow as tf
 
-    shapes = []
+    sizes = {}
     for data, name in zip(encoded, names):
         try:
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
         except tf.errors.OpError as error:
             raise DataError(f"{source}: {name} is not a readable image "
                             f"({_first_line(error.message)}).") from None
-        shapes.append(tuple(image.shape))
-        _check_one_size(shapes, names, source)
+        _note_size(sizes, image.shape, name, source)
 
 
 def _split_of(parts):

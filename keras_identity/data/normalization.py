@@ -91,49 +91,25 @@ class Normalization:
         return cls("per_channel", mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     def invert(self, x):
-        """Pixel values in [0, 255] whose normalisation is ``x`` (float32)."""
-        import tensorflow as tf
-
+        """Pixel values in [0, 255] (float32) whose normalisation is ``x``: a
+        TensorFlow tensor for a tensor, a NumPy array otherwise."""
+        x = _float32(x)
         if self.std is not None:
-            x = x * tf.constant(self.std)
+            x = x * self.std
         if self.mean is not None:
-            x = x + tf.constant(self.mean)
+            x = x + self.mean
         return x * 255.0
 
     def __call__(self, images):
         """Normalises uint8 or float images with values in [0, 255]: a
         TensorFlow tensor (the tf.data pipeline, the serving signatures) with
-        TensorFlow ops, anything else (NumPy, JAX arrays) as :meth:`array`."""
-        if not type(images).__module__.startswith("tensorflow"):
-            return self.array(images)
-        import tensorflow as tf
-
-        x = tf.cast(images, tf.float32) / 255.0
-        if self.mean is not None:
-            x = x - tf.constant(self.mean)
-        if self.std is not None:
-            x = x / tf.constant(self.std)
-        return x
-
-    def array(self, images):
-        """:meth:`__call__` in NumPy: float32 normalised images from an array
-        of pixel values in [0, 255]."""
-        x = np.asarray(images, np.float32) / np.float32(255.0)
+        TensorFlow ops, anything else (NumPy, JAX arrays) with NumPy."""
+        x = _float32(images) / 255.0
         if self.mean is not None:
             x = x - self.mean
         if self.std is not None:
             x = x / self.std
         return x
-
-    def invert_array(self, x):
-        """:meth:`invert` in NumPy: pixel values (float32) whose
-        normalisation is ``x``."""
-        x = np.asarray(x, np.float32)
-        if self.std is not None:
-            x = x * self.std
-        if self.mean is not None:
-            x = x + self.mean
-        return x * np.float32(255.0)
 
     def to_dict(self):
         return {"mode": self.mode,
@@ -143,6 +119,16 @@ class Normalization:
     @classmethod
     def from_dict(cls, config):
         return cls(config["mode"], config.get("mean"), config.get("std"))
+
+
+def _float32(x):
+    """``x`` as float32: a TensorFlow tensor stays one (TensorFlow is imported
+    only for it), anything else becomes a NumPy array."""
+    if type(x).__module__.startswith("tensorflow"):
+        import tensorflow as tf
+
+        return tf.cast(x, tf.float32)
+    return np.asarray(x, np.float32)
 
 
 def _image_batches(images, batch_size):

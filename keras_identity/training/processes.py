@@ -46,8 +46,8 @@ def check_arguments(coordinator_address=None, num_processes=None, process_id=Non
                          f"--coordinator_address=HOST:PORT (process 0's), --num_processes and "
                          f"--process_id, or none of them (a Cloud TPU slice or SLURM: JAX's "
                          f"own detection).")
-    if not _ADDRESS.match(str(coordinator_address)) or not 0 < int(
-            _ADDRESS.match(str(coordinator_address)).group(2)) < 65536:
+    address = _ADDRESS.match(str(coordinator_address))
+    if not address or not 0 < int(address.group(2)) < 65536:
         raise ValueError(f"--coordinator_address={coordinator_address!r} is not valid; "
                          f"expected HOST:PORT of process 0 (e.g. 10.0.0.2:1234).")
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or (

@@ -282,7 +282,7 @@ def check_same_in_processes(strategy, value, what):
     """Raises ``ValueError`` (one line naming ``what``) unless every process of
     a multi-process JAX run holds the same integer ``value`` (e.g. the step
     of the checkpoint each one would restore)."""
-    if not isinstance(strategy, KerasDistribution) or strategy.process_count < 2:
+    if not _several_processes(strategy):
         return
     import numpy as np
     from jax.experimental import multihost_utils
@@ -296,7 +296,11 @@ def check_same_in_processes(strategy, value, what):
 
 def barrier(strategy, name):
     """Waits until every process of a multi-process JAX run reaches ``name``."""
-    if isinstance(strategy, KerasDistribution) and strategy.process_count > 1:
+    if _several_processes(strategy):
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def _several_processes(strategy):
+    return isinstance(strategy, KerasDistribution) and strategy.process_count > 1

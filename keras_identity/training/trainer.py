@@ -521,6 +521,12 @@ class Run:
     steps_per_execution: int = 1
     lock: object = None     # the chief's run_lock.RunLock, held until training ends
 
+    @property
+    def scratch(self):
+        """A JAX process other than the first: it saves into a scratch folder
+        of its own (``work_dir``, removed at the end), never into model_dir."""
+        return not self.chief and isinstance(self.strategy, strategies.KerasDistribution)
+
 
 def prepare(config, strategy=None):
     """Validates ``config``, picks the strategy (unless one is given), loads the
@@ -540,9 +546,10 @@ def prepare(config, strategy=None):
         # values through jax.device_put, whose check that every process holds
         # the same value is a collective: process 0 cannot save alone).
         # model_dir is process 0's alone.
+        scratch = not chief and isinstance(strategy, strategies.KerasDistribution)
         if chief:
             work_dir = config.model_dir
-        elif isinstance(strategy, strategies.KerasDistribution):
+        elif scratch:
             work_dir = None  # the scratch folder, made once nothing can fail
         else:
             work_dir = os.path.join(config.model_dir,
@@ -572,7 +579,7 @@ def prepare(config, strategy=None):
         length = None
         if os.path.exists(run_path):
             length = _check_identity(run_path, identity)
-        if chief or not isinstance(strategy, strategies.KerasDistribution):
+        if not scratch:
             check_writable(config.model_dir)
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()
@@ -625,9 +632,8 @@ def train(config, print_fn=print, strategy=None):
     finally:
         if run.lock is not None:
             run.lock.release()
-        if run.work_dir != config.model_dir and isinstance(
-                run.strategy, strategies.KerasDistribution):
-            shutil.rmtree(run.work_dir, ignore_errors=True)  # a JAX process's scratch copy
+        if run.scratch:
+            shutil.rmtree(run.work_dir, ignore_errors=True)
 
 
 def _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step, print_fn):
@@ -756,7 +762,7 @@ def _train(run, print_fn, started):
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None))
     callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(end_step), recorder]
-    if chief or not isinstance(strategy, strategies.KerasDistribution):
+    if not run.scratch:
         callbacks.append(callbacks_lib.tensorboard(os.path.join(work_dir, "tensorboard")))
     model_path = os.path.join(model_dir, "model.keras")
     try:

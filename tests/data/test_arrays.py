@@ -114,8 +114,8 @@ def test_raw_pixels_of_an_unmoved_crop_are_the_image():
     to pixel values: a crop at (4, 4) without a flip is the stored image."""
     data = _dataset()
     norm = _normalization(data)
-    x = arrays.crop_and_flip(norm.array(data.x_train[:4]), np.full((4, 2), 4), np.zeros(4, bool))
-    np.testing.assert_allclose(norm.invert_array(x), data.x_train[:4], atol=1e-3)
+    x = arrays.crop_and_flip(norm(data.x_train[:4]), np.full((4, 2), 4), np.zeros(4, bool))
+    np.testing.assert_allclose(norm.invert(x), data.x_train[:4], atol=1e-3)
 
 
 def test_eval_batches_pad_with_zero_weights_and_shard():
@@ -124,7 +124,7 @@ def test_eval_batches_pad_with_zero_weights_and_shard():
     plain = arrays.EvalBatches(data, batch_size=6, normalization=norm)
     assert plain.num_batches == 3
     x = np.concatenate([plain[i][0] for i in range(3)])
-    np.testing.assert_allclose(x, norm.array(data.x_test), rtol=1e-6)
+    np.testing.assert_allclose(x, norm(data.x_test), rtol=1e-6)
     np.testing.assert_array_equal(np.concatenate([plain[i][1] for i in range(3)]),
                                   data.y_test)
     padded = [arrays.EvalBatches(data, batch_size=6, normalization=norm, pad_to_batch=True,
@@ -177,6 +177,8 @@ def test_imagenet_folders_stream_without_tensorflow(tmp_path):
     assert x.shape == (4, 224, 224, 3) and sorted(y) == [0, 0, 1, 1]
     test = arrays.EvalBatches(data, batch_size=3, normalization=norm, raw_pixels=True)
     assert test.num_batches == 2 and test[1][0].shape == (1, 224, 224, 3)
+    with pytest.raises(ValueError, match="augmentation='cifar' crops whole in-memory batches"):
+        arrays.TrainBatches(data, batch_size=4, normalization=norm, augmentation="cifar")
     train.close()
     test.close()
 
@@ -199,7 +201,7 @@ def test_the_two_pipelines_agree_where_no_randomness_is_involved():
         np.testing.assert_array_equal(ours[i][1], y.numpy())
     ours.close()
 
-    images = norm.array(data.x_train[:8])
+    images = norm(data.x_train[:8])
     seed = tf.constant([3, 16], tf.int64)
     expected = augment.cifar_batch(tf.constant(images), seed).numpy()
     offsets = tf.random.stateless_uniform([8, 2], seed, minval=0, maxval=9,

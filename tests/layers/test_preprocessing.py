@@ -28,7 +28,7 @@ def test_layer_computes_the_normalisation_of_the_pipeline(images, mode):
     np.testing.assert_allclose(out, expected, atol=1e-5)
     # The same numbers as the input pipelines' normalisation of the same statistics.
     pipeline = Normalization.from_images(mode, images)
-    np.testing.assert_allclose(out, pipeline.array(images), atol=1e-6)
+    np.testing.assert_allclose(out, pipeline(images), atol=1e-6)
 
 
 @pytest.mark.needs_tensorflow

@@ -75,16 +75,18 @@ def test_other_tuners(tmp_path, tuner):
 
 
 def test_validation_split_keeps_the_test_set_out(tmp_path, monkeypatch):
-    from keras_identity.data import pipeline
+    """Either backend's evaluation batches (tf.data or NumPy) come from the
+    validation split of a dataset without its test set."""
+    from keras_identity.training import trainer
 
     seen = []
-    original = pipeline.eval_dataset
+    original = trainer.input_streams
 
-    def spy(data, **kwargs):
+    def spy(strategy, data, **kwargs):
         seen.append((kwargs.get("split"), data.x_test is None))
-        return original(data, **kwargs)
+        return original(strategy, data, **kwargs)
 
-    monkeypatch.setattr(pipeline, "eval_dataset", spy)
+    monkeypatch.setattr(trainer, "input_streams", spy)
     run_search(search_config(tmp_path, gate_biases=(-1.0,)), print_fn=quiet)
     assert seen and all(split == "val" and no_test for split, no_test in seen)
 
