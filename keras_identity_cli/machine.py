@@ -5,7 +5,8 @@ import platform
 
 
 def describe():
-    """One line: the CPU, its cores, the GPUs and the TensorFlow and JAX versions."""
+    """One line: the CPU, its cores, the GPUs or TPUs and the TensorFlow and JAX
+    versions."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -34,6 +35,9 @@ def describe():
             gpus = [d for d in jax.devices() if d.platform == "gpu"]
             if gpus:
                 text += f", GPU {gpus[0].device_kind} x{len(gpus)}"
+        tpus = [d for d in jax.devices() if d.platform == "tpu"]
+        if tpus:
+            text += f", {tpus[0].device_kind} x{len(tpus)}"  # "TPU v5 lite", ...
         text += f", JAX {jax.__version__}"
     except ImportError:
         pass

@@ -8,6 +8,13 @@ BACKEND = keras.backend.backend()
 tensorflow_only = pytest.mark.skipif(BACKEND != "tensorflow",
                                      reason="TensorFlow graphs or tf.distribute")
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX backend only")
+# Tests that run the package's commands on its default route (TensorFlow) in
+# processes of their own, whatever backend the test process has: run once, on
+# TensorFlow (the JAX route's commands are tested in tests/test_tensorflow_optional.py
+# and tests/experiments).
+default_route = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="runs the TensorFlow route's commands in processes of "
+                                    "their own; run on the TensorFlow leg")
 
 
 def value_and_grad(model, loss_fn, inputs, training=True, sources=None):

@@ -1,6 +1,14 @@
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# On JAX, the XLA programs the tests compile (the same initialisers, layers and
+# train steps again and again, in both test processes and in the programs the
+# tests start) are kept in a compilation cache shared by all of them.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "keras_identity_tests_jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -36,20 +44,18 @@ def shared_dir():
 
 
 # --- CI's legs -----------------------------------------------------------------
-# `KERAS_BACKEND=jax python -m pytest -q --jax-leg` runs the tests marked
-# `jax_leg` (their code differs on JAX: the looped stage, training and
-# distribution, export, the TensorFlow == JAX checks) within CI's time budget,
-# less those marked `not_on_jax_leg`; without --jax-leg every test runs on JAX
-# (about 25 minutes on 2 CPU cores).  `python -m pytest -q --core-leg` runs the
-# tests marked `core_leg`: CI repeats them with tensorflow-cpu 2.19
-# (tensorflow-tpu's last release line): the layers, the models, the looped
-# stage with its written gradient, XLA training steps in bfloat16, training,
-# and the export.  The markers are declared in setup.cfg.
+# Every test runs on the backend KERAS_BACKEND picks; one that does not apply to
+# it carries a marker (tests/backend.py: `tensorflow_only`, `jax_only`; setup.cfg:
+# `needs_tensorflow`, skipped where TensorFlow is not installed).  CI runs the
+# suite on TensorFlow, on JAX without TensorFlow installed, and the JAX tests
+# that need TensorFlow beside it (`-m needs_tensorflow`).  `python -m pytest -q
+# --core-leg` runs the tests marked `core_leg`: CI repeats them with
+# tensorflow-cpu 2.19 (tensorflow-tpu's last release line): the layers, the
+# models, the looped stage with its written gradient, XLA training steps in
+# bfloat16, training, and the export.  The markers are declared in setup.cfg.
 
 
 def pytest_addoption(parser):
-    parser.addoption("--jax-leg", action="store_true",
-                     help="on KERAS_BACKEND=jax, run only CI's JAX leg (see tests/conftest.py)")
     parser.addoption("--core-leg", action="store_true",
                      help="run only the core tests (CI's TensorFlow 2.19 leg, see "
                           "tests/conftest.py)")
@@ -63,14 +69,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("needs_tensorflow"):
                 item.add_marker(skip)
-    if config.getoption("--core-leg"):
-        keep = [item for item in items if item.get_closest_marker("core_leg")]
-    elif config.getoption("--jax-leg"):
-        if keras.backend.backend() != "jax":
-            raise pytest.UsageError("--jax-leg needs KERAS_BACKEND=jax")
-        keep = [item for item in items if item.get_closest_marker("jax_leg")
-                and not item.get_closest_marker("not_on_jax_leg")]
-    else:
+    if not config.getoption("--core-leg"):
         return
+    keep = [item for item in items if item.get_closest_marker("core_leg")]
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
     items[:] = keep

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.backend import default_route
 from tests.conftest import REPO
 
 README = os.path.join(REPO, "README.md")
@@ -26,7 +27,7 @@ NOT_RUN = {
     "pip install": "installs packages: CI's .ci/run runs the install, and "
                    "tests/packaging installs the built wheel into a fresh environment",
     "python -m pytest": "the test suite itself",
-    "KERAS_BACKEND=jax python -m pytest": "the test suite itself (CI's JAX leg)",
+    "KERAS_BACKEND=jax python -m pytest": "the test suite itself, on JAX",
     "tensorflow_model_server": "no TF Serving binary is reachable here; "
                                "tests/export runs the same requests against keras-identity-serve",
     "curl": "needs a running server; tests/export posts the same REST body to "
@@ -103,6 +104,7 @@ def _tiny_cifar(path, classes, rng):
              y_test=rng.integers(0, classes, 32))
 
 
+@default_route
 def test_readme_commands_run(tmp_path, shared_dir):
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -123,6 +125,7 @@ def test_readme_commands_run(tmp_path, shared_dir):
     assert (tmp_path / "runs" / "search_highway100" / "results.csv").exists()
 
 
+@default_route
 def test_readme_python_blocks_run(tmp_path, rng):
     """The Quickstart, Layers, Models and Transfer-learning blocks, in one
     process; the transfer-learning example fine-tunes a tiny CIFAR-10

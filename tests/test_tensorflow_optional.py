@@ -10,7 +10,6 @@ import pytest
 
 from keras_identity import _tensorflow
 
-pytestmark = pytest.mark.jax_leg
 without_tensorflow = pytest.mark.skipif(
     _tensorflow.available(), reason="checks an install without TensorFlow (CI's JAX venv)")
 

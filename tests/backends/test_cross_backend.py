@@ -23,7 +23,7 @@ from keras_identity.layers.residual import UNITS
 from tests.backend import jax_only
 from tests.backend import value_and_grad
 
-pytestmark = [jax_only, pytest.mark.jax_leg, pytest.mark.needs_tensorflow]
+pytestmark = [jax_only, pytest.mark.needs_tensorflow]
 
 SHORTCUT_ARGS = {
     "identity": {}, "constant_scaling": dict(shortcut_scale=0.7, scale_residual=True),

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.jax_leg
 
 TORCH = r"""
 import numpy as np

@@ -11,7 +11,7 @@ from keras_identity.training import TrainConfig
 from keras_identity.training import train
 from tests.backend import jax_only
 
-pytestmark = [jax_only, pytest.mark.jax_leg, pytest.mark.needs_tensorflow]
+pytestmark = [jax_only, pytest.mark.needs_tensorflow]
 
 CONFIG = dict(model="highway_net", depth=10, dataset="mnist", steps_per_epoch=5,
               batch_size=32, train_examples=320, test_examples=64, verbose=0)

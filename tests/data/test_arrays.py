@@ -9,7 +9,6 @@ from keras_identity.data import arrays
 from keras_identity.data.datasets import ImageDataset
 from keras_identity.data.normalization import Normalization
 
-pytestmark = pytest.mark.jax_leg
 
 
 def _dataset(n=40, n_test=13, size=8, channels=3, seed=0):

@@ -113,7 +113,6 @@ def test_tfds_adapter_with_a_fake_tfds(monkeypatch):
         load_dataset("cifar10")
 
 
-@pytest.mark.jax_leg
 def test_tfds_random_access_data_sources_feed_the_numpy_pipeline(monkeypatch):
     """The JAX route reads tensorflow_datasets through its array_record data
     sources (no TensorFlow): CIFAR into memory, ImageNet example by example."""

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.backend import default_route
 from tests.conftest import REPO
 
 nbformat = pytest.importorskip("nbformat")
@@ -70,6 +71,9 @@ def test_tensorflow_on_a_tpu_runtime_without_wheels_says_what_to_pick():
         plan("torch", "tpu", (3, 12))
 
 
+# Each route runs in a kernel of its own; the export cell needs TensorFlow (on
+# Colab it installs it): run once, beside TensorFlow.
+@default_route
 @pytest.mark.parametrize("route", ["tensorflow", "jax"])
 def test_notebook_runs_top_to_bottom(route, tmp_path, shared_dir):
     notebook = nbformat.read(NOTEBOOK, as_version=4)

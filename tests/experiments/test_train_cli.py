@@ -1,7 +1,6 @@
 """The command-line programs, run as a user runs them."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -46,7 +45,6 @@ def test_bad_flags_exit_non_zero_with_one_line(args, words, tmp_path):
         assert word in lines[0]
 
 
-@pytest.mark.jax_leg
 def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     args = ["-m", "keras_identity_cli.train", "--model=highway_net", "--depth=30",
             "--train_examples=20000", "--test_examples=500", "--batch_size=256",

@@ -18,8 +18,12 @@ def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
                                stderr=subprocess.STDOUT, text=True)
     times = tmp_path / "search" / "records_per_trial.json"
     deadline = time.time() + 300
+    # Killed while the second trial trains (after Keras Tuner has written the
+    # second trial's state: its files are not written atomically).
     while time.time() < deadline and process.poll() is None:
-        if times.exists() and len(json.loads(times.read_text() or "{}")) >= 1:
+        if times.exists() and len(json.loads(times.read_text() or "{}")) >= 1 and \
+                len(list((tmp_path / "search").glob("trial_*/trial.json"))) >= 2:
+            time.sleep(1.0)
             break
         time.sleep(0.05)
     assert process.poll() is None, "the search ended before it could be interrupted"

@@ -207,7 +207,6 @@ def _post(url, body):
         return error.code, json.loads(error.read())
 
 
-@pytest.mark.jax_leg
 def test_local_server_answers_rest_and_grpc_clients(trained_run, tmp_path):
     base = trained_run / "serving" / "r8"
     if not base.exists():

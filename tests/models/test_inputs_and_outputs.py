@@ -16,7 +16,6 @@ def cifar_pixels(rng):
     return rng.integers(0, 256, (4, 32, 32, 3)).astype(np.float32)
 
 
-@pytest.mark.jax_leg
 @pytest.mark.parametrize("build, shape", [
     (lambda **kw: ki.models.preact_resnet(20, seed=3, **kw), (32, 32, 3)),
     (lambda **kw: ki.models.resnet(20, stage_mode="scan", seed=3, **kw), (32, 32, 3)),

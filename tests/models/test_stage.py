@@ -28,7 +28,6 @@ from keras_identity.layers import ResidualStack  # noqa: E402
 from keras_identity.layers import ResidualUnit  # noqa: E402
 from keras_identity.models import transfer_weights  # noqa: E402
 
-pytestmark = pytest.mark.jax_leg
 
 
 def _trainable(model):

@@ -23,7 +23,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.backend import default_route
 from tests.conftest import REPO
+
+pytestmark = default_route  # the wheel's programs run with KERAS_BACKEND=tensorflow
 
 COMMANDS = {
     "keras-identity-train": "keras_identity_cli.train:run",

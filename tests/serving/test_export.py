@@ -29,7 +29,6 @@ def test_versioned_layout(cifar_export):
     assert next_version(cifar_export["base"]) == 2
 
 
-@pytest.mark.jax_leg
 def test_saved_model_cli_lists_the_signatures(cifar_export):
     text = subprocess.run([saved_model_cli(), "show", "--dir", cifar_export["version_dir"],
                            "--all"], capture_output=True, text=True, check=True).stdout
@@ -57,7 +56,6 @@ np.savez(sys.argv[4], **{k: v["probabilities"].numpy() for k, v in out.items()},
 """
 
 
-@pytest.mark.jax_leg
 def test_fresh_process_matches_model_predict(cifar_export, tmp_path):
     images = cifar_export["images"]
     np.save(tmp_path / "images.npy", images)
@@ -75,7 +73,6 @@ def test_fresh_process_matches_model_predict(cifar_export, tmp_path):
     assert list(out["names"][:, 0]) == [names[i] for i in top]
 
 
-@pytest.mark.jax_leg
 def test_warmup_requests_parse_and_replay(cifar_export):
     requests = read_warmup(cifar_export["version_dir"])
     assert sorted(r.model_spec.signature_name for r in requests) == [
@@ -117,7 +114,6 @@ def test_imagenet_bytes_are_resized_and_center_cropped(tmp_path, rng):
     np.testing.assert_allclose(out["probabilities"], expected, atol=1e-5)
 
 
-@pytest.mark.jax_leg
 @pytest.mark.parametrize("build, shape", [
     (lambda: ki.models.highway_net(4, width=8), (28, 28, 1)),
     (lambda: ki.models.plain_net(4, width=8), (28, 28, 1)),
@@ -235,7 +231,6 @@ np.save(sys.argv[3], served.serve(tf.constant(images)).numpy())
 """
 
 
-@pytest.mark.jax_leg
 @pytest.mark.parametrize("build, shape", [
     (lambda: ki.models.preact_resnet(11, include_preprocessing=True,
                                      normalization="per_channel"), (32, 32, 3)),

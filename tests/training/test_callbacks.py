@@ -4,7 +4,6 @@ import pytest
 
 from keras_identity.training import callbacks
 
-pytestmark = pytest.mark.jax_leg
 
 
 def test_epoch_summaries_write_train_and_validation_scalars(tmp_path):

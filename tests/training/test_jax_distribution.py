@@ -11,7 +11,7 @@ import pytest
 from keras_identity.training import strategies
 from tests.backend import jax_only
 
-pytestmark = [jax_only, pytest.mark.jax_leg]
+pytestmark = jax_only
 
 RUN = r"""
 import json, sys

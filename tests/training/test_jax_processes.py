@@ -16,7 +16,6 @@ import pytest
 from keras_identity.training import processes
 from tests.backend import jax_only
 
-pytestmark = pytest.mark.jax_leg
 
 FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=3",
          "--test_examples=250", "--verbose=0", "--seed=3"]

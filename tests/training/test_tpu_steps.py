@@ -44,7 +44,6 @@ def _batches(shape, batch=8, steps=4):
 
 
 @pytest.mark.core_leg
-@pytest.mark.jax_leg
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_trains_with_xla_in_bfloat16(family):
     build, shape = FAMILIES[family]

@@ -37,7 +37,6 @@ def cifar_like(tmp_path, rng):
 
 
 @pytest.mark.core_leg
-@pytest.mark.jax_leg
 def test_short_real_mnist_run_is_well_above_chance(tmp_path, mnist_npz):
     config = TrainConfig(model="highway_net", depth=10, data_dir=mnist_npz,
                          train_examples=12_000, test_examples=2_000, epochs=2, verbose=0,
@@ -124,7 +123,6 @@ def test_divergence_names_the_step(tmp_path):
         train(config, quiet)
 
 
-@pytest.mark.jax_leg
 def test_mixed_bfloat16_xla_step_as_on_a_tpu(tmp_path, cifar_like):
     config = TrainConfig(model="preact_resnet", depth=11, model_kwargs=dict(
                          shortcut="exclusive_gating", gate_bias_init=-2.0), dataset="cifar10", data_dir=cifar_like,

@@ -52,8 +52,13 @@ from keras_identity.layers.residual.orderings import RELU
 WRITES_GATE_GRADIENT = True
 
 
+def conv(x, kernel):
+    """``"same"`` convolution of NHWC ``x`` with an HWIO ``kernel``, stride 1."""
+    return tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
+
+
 def _conv(x, kernel, bias):
-    y = tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
+    y = conv(x, kernel)
     return y if bias is None else tf.nn.bias_add(y, bias)
 
 

@@ -256,7 +256,7 @@ class ResidualStack(keras.layers.Layer):
             project = gate = uniform = None
             if shortcut.projects:
                 def project(t):
-                    h = ops.conv(t, w["shortcut_conv/kernel"], padding="same")
+                    h = loop.conv(t, w["shortcut_conv/kernel"])
                     if "shortcut_conv/bias" in w:
                         h = h + w["shortcut_conv/bias"]
                     if has_bn:
@@ -269,7 +269,7 @@ class ResidualStack(keras.layers.Layer):
                     return h
             if shortcut.gated:
                 def gate(t):
-                    z = ops.conv(ops.cast(t, "float32"), w["gate/kernel"], padding="same")
+                    z = loop.conv(ops.cast(t, "float32"), w["gate/kernel"])
                     return ops.sigmoid(z + w["gate/bias"])
             if seed is not None:
                 uniform = shortcuts.seeded_uniform(

@@ -1,0 +1,232 @@
+"""Where a training step of a CIFAR pre-activation ResNet spends its time.
+
+For one model and batch it measures, in the same run:
+
+* the whole training step (``model.fit``'s, SGD with momentum) of the
+  TensorFlow looped net, images/s as :mod:`benchmarks.run` measures it;
+* its forward and backward pass without the optimizer's update (a
+  ``tf.GradientTape`` step in a ``tf.function``), and its forward pass alone;
+* the convolutions alone: every convolution of the net (forward, gradient
+  of the input, gradient of the kernel) timed on its own shape and summed
+  over the net, on TensorFlow and, in a worker that imports PyTorch alone, on
+  PyTorch channels-last.
+
+The difference between the step and the convolutions is what BN, ReLU, the
+additions, the loop and the optimizer cost.  The convolutions' two sums say
+how far any Keras backend can outrun PyTorch on this machine when both run the
+same convolution kernels' work.  Prints a Markdown table naming the machine.
+
+    python -m benchmarks.step_profile --depth=164 --batch=64
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from benchmarks import machine
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("depth", 164, "Depth of the CIFAR pre-activation ResNet (6n+2 or 9n+2).")
+flags.DEFINE_integer("batch", 64, "Batch size.")
+flags.DEFINE_integer("repeats", 5, "Timed repetitions of each part (the median is shown).")
+flags.DEFINE_boolean("torch", True, "Also sum the convolutions in PyTorch channels-last.")
+flags.DEFINE_string("output_json", None, "Where to write the JSON (optional).")
+
+
+def conv_shapes(depth, batch, image=32):
+    """``{(n, h, w, cin, cout, k, stride): count}``: every convolution of the
+    CIFAR pre-activation ResNet of ``depth``, its input NHWC shape."""
+    from keras_identity.models.resnet import resolve_depth
+
+    block, (n, _, _) = resolve_depth(depth, "cifar10")
+    shapes = {}
+
+    def add(h, cin, cout, k, stride=1, count=1):
+        key = (batch, h, h, cin, cout, k, stride)
+        shapes[key] = shapes.get(key, 0) + count
+
+    add(image, 3, 16, 3)
+    channels, size = 16, image
+    for width, stride in zip((16, 32, 64), (1, 2, 2)):
+        out = 4 * width if block == "bottleneck" else width
+        inner = size // stride
+        if block == "bottleneck":
+            add(size, channels, width, 1, stride)
+            add(inner, width, width, 3)
+            add(inner, width, out, 1)
+            add(size, channels, out, 1, stride)
+            add(inner, out, width, 1, count=n - 1)
+            add(inner, width, width, 3, count=n - 1)
+            add(inner, width, out, 1, count=n - 1)
+        else:
+            add(size, channels, width, 3, stride)
+            add(inner, width, width, 3)
+            add(inner, width, width, 3, count=2 * (n - 1))
+        channels, size = out, inner
+    return shapes
+
+
+def _time(fn, repeats):
+    fn()
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _tensorflow_convolutions(shapes, repeats):
+    import tensorflow as tf
+
+    total = 0.0
+    for (n, h, w, cin, cout, k, stride), count in shapes.items():
+        x = tf.random.normal((n, h, w, cin))
+        kernel = tf.random.normal((k, k, cin, cout))
+        dy = tf.random.normal((n, h // stride, w // stride, cout))
+
+        @tf.function
+        def step(x=x, kernel=kernel, dy=dy, stride=stride):
+            with tf.GradientTape() as tape:
+                tape.watch([x, kernel])
+                y = tf.nn.conv2d(x, kernel, stride, "SAME")
+            dx, dk = tape.gradient(y, [x, kernel], output_gradients=dy)
+            return tf.reduce_sum(y[:1, :1, :1]) + tf.reduce_sum(dx[:1, :1, :1]) + dk[0, 0, 0, 0]
+
+        total += count * _time(lambda: float(step()), repeats)
+    return total
+
+
+def _keras_parts(depth, batch, repeats):
+    """Seconds per step of the TensorFlow looped net: the whole ``fit`` step,
+    forward + backward without the update, the forward pass."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import keras_identity as ki
+
+    keras.utils.set_random_seed(0)
+    model = ki.models.preact_resnet(depth, stage_mode="scan")
+    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
+    ki.training.build_optimizer(model)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(batch, 32, 32, 3)).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, size=(batch,)))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function
+    def forward():
+        return loss_fn(y, model(x, training=True))
+
+    @tf.function
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return loss + tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])
+
+    model.make_train_function()
+    data = tf.data.Dataset.from_tensors((x, y)).repeat()
+    iterator = iter(data)
+
+    def train_step():
+        float(model.train_function(iterator)["loss"])
+
+    return dict(step_s=_time(train_step, repeats),
+                forward_backward_s=_time(lambda: float(forward_backward()), repeats),
+                forward_s=_time(lambda: float(forward()), repeats))
+
+
+def _torch_convolutions(shapes, repeats):
+    """The convolutions' sum in PyTorch channels-last, in a process that
+    imports PyTorch alone."""
+    program = f"""
+import json, statistics, time, torch
+shapes, repeats, total = {json.dumps([[list(k), v] for k, v in shapes.items()])}, {repeats}, 0.0
+for (n, h, w, cin, cout, k, stride), count in shapes:
+    layout = torch.channels_last
+    x = torch.randn(n, cin, h, w).to(memory_format=layout).requires_grad_()
+    conv = torch.nn.Conv2d(cin, cout, k, stride, padding=k // 2, bias=False).to(
+        memory_format=layout)
+    dy = torch.randn(n, cout, h // stride, w // stride).to(memory_format=layout)
+    def step():
+        x.grad = None
+        conv.weight.grad = None
+        conv(x).backward(dy)
+    step(); step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter(); step(); times.append(time.perf_counter() - start)
+    total += count * statistics.median(times)
+print("RESULT " + json.dumps(dict(convolutions_s=total, torch=torch.__version__)))
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return dict(error=f"exit {done.returncode}: {tail[:200]}")
+
+
+def main(argv):
+    del argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        sys.exit("benchmarks.step_profile: TensorFlow is not installed; pip install -e "
+                 "\".[cpu]\".")
+    try:
+        from keras_identity.models.resnet import resolve_depth
+
+        resolve_depth(FLAGS.depth, "cifar10")
+        if FLAGS.batch < 1 or FLAGS.repeats < 1:
+            raise ValueError(f"--batch={FLAGS.batch} and --repeats={FLAGS.repeats} must be "
+                             f"positive.")
+    except ValueError as error:
+        sys.exit(f"benchmarks.step_profile: {error}")
+    description = machine.describe()
+    print(f"Step profile on {description}", flush=True)
+    shapes = conv_shapes(FLAGS.depth, FLAGS.batch)
+    parts = _keras_parts(FLAGS.depth, FLAGS.batch, FLAGS.repeats)
+    parts["tf_convolutions_s"] = _tensorflow_convolutions(shapes, FLAGS.repeats)
+    torch_parts = _torch_convolutions(shapes, FLAGS.repeats) if FLAGS.torch else {}
+    step = parts["step_s"]
+    rows = [
+        dict(part="training step (TensorFlow looped, fit)", s=step),
+        dict(part="forward + backward, no update", s=parts["forward_backward_s"]),
+        dict(part="forward", s=parts["forward_s"]),
+        dict(part="optimizer update (step - forward + backward)",
+             s=step - parts["forward_backward_s"]),
+        dict(part="convolutions alone, TensorFlow", s=parts["tf_convolutions_s"]),
+        dict(part="everything else: BN, ReLU, additions, loop, update",
+             s=step - parts["tf_convolutions_s"]),
+        dict(part="convolutions alone, PyTorch channels-last",
+             s=torch_parts.get("convolutions_s"),
+             note=torch_parts.get("error")),
+    ]
+    for row in rows:
+        row["ms"] = row["s"] * 1000 if row["s"] is not None else None
+        row["share"] = row["s"] / step if row["s"] is not None else None
+    print(f"\nMachine: {description}; preact_resnet{FLAGS.depth}, batch {FLAGS.batch}, "
+          f"float32, median of {FLAGS.repeats}\n")
+    print(machine.table(rows, [("part", "part", "{}"), ("ms", "ms per step", "{:.1f}"),
+                               ("share", "of the step", "{:.0%}"), ("note", "note", "{}")]))
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(dict(machine=description, depth=FLAGS.depth, batch=FLAGS.batch,
+                           torch=torch_parts.get("torch"), rows=rows), f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
