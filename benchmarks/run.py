@@ -241,9 +241,9 @@ def _worker(spec):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def _run(args, env):
+def _run(label, args, env):
     """Runs one measurement process; its ``RESULT`` line, or an error."""
-    print("  " + " ".join(args[2:]), flush=True)
+    print(f"  {label}: {' '.join(args[2:])}", flush=True)
     try:
         done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
@@ -260,7 +260,7 @@ def _run(args, env):
 def _measure(config):
     """One measurement of ``config`` (a row's settings) in a fresh process."""
     if config["backend"] == "pytorch":
-        return _run(["-m", "benchmarks.torch_resnet", f"--depth={config['depth']}",
+        return _run("pytorch", ["-m", "benchmarks.torch_resnet", f"--depth={config['depth']}",
                      f"--batch={config['batch']}", f"--steps={FLAGS.steps}",
                      f"--warmup={FLAGS.warmup}", f"--mode={FLAGS.torch_mode}",
                      f"--precision={config['precision']}"]
@@ -268,7 +268,7 @@ def _measure(config):
                        if config.get("expected_params") else []), {})
     spec = ":".join([config["model"], config["shortcut"], config["mode"], str(config["batch"]),
                      config["precision"]])
-    return _run(["-m", "benchmarks.run", f"--worker={spec}", f"--steps={FLAGS.steps}",
+    return _run(config["backend"], ["-m", "benchmarks.run", f"--worker={spec}", f"--steps={FLAGS.steps}",
                  f"--warmup={FLAGS.warmup}",
                  f"--{'' if FLAGS.jit_compile else 'no'}jit_compile",
                  f"--{'' if FLAGS.build_optimizer else 'no'}build_optimizer"],
@@ -420,7 +420,7 @@ def main(argv):
                  "--backends=tensorflow.")
     description = machine.describe()
     print(f"Benchmark on {description}", flush=True)
-    measured = _run(["-m", "benchmarks.run", "--worker=peak"], {}).get("tflops")
+    measured = _run("peak", ["-m", "benchmarks.run", "--worker=peak"], {}).get("tflops")
     peaks = {p: _peak_tflops(description, measured, p) for p in FLAGS.precisions}
     rows = []
     for model, depth in depths.items():

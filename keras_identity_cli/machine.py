@@ -8,14 +8,23 @@ def describe():
     """One line: the CPU, its cores, the GPUs or TPUs and the TensorFlow and JAX
     versions."""
     cpu = platform.processor() or platform.machine()
+    flags = set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
+    # The vector extensions decide float32 and (above all) bfloat16 speed.
+    vector = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"),
+                                      ("avx512_bf16", "AVX512_BF16"), ("amx_bf16", "AMX"))
+              if flag in flags]
+    if vector:
+        cpu += f" ({', '.join(vector)})"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     text = f"{cpu}, {cores} cores"
     try:

@@ -43,8 +43,8 @@ def test_small_run_writes_table_and_json(tmp_path):
     assert "| preact_resnet11 | tensorflow | identity | scan | float32 | 4 |" in result.stdout
     assert "| preact_resnet11 | jax | identity | scan | float32 | 4 |" in result.stdout
     # Alternated: each configuration once, then each again.
-    launched = [line.split("--worker=")[1].split()[0] for line in result.stdout.splitlines()
-                if "--worker=preact" in line]
+    launched = [line.split("--worker=")[0] + line.split("--worker=")[1].split()[0]
+                for line in result.stdout.splitlines() if "--worker=preact" in line]
     assert launched[:4] == launched[4:] and len(set(launched)) == 4
     saved = json.loads(out.read_text())
     rows = saved["rows"]

@@ -473,6 +473,7 @@ def test_no_convolution_of_a_looped_training_step_falls_back_on_xla_cpu(tmp_path
     script.write_text(_FALLBACK_PROGRAM)
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="thunk_emitter=2")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # compiled here, not read from the tests' cache
     fallbacks = {}
     for form in ("written", "autodiff"):
         run = subprocess.run([sys.executable, str(script), form], env=env, cwd=REPO,
@@ -482,3 +483,28 @@ def test_no_convolution_of_a_looped_training_step_falls_back_on_xla_cpu(tmp_path
         fallbacks[form] = run.stderr.count("Falling back to unoptimized convolution")
     assert fallbacks["autodiff"] > 0
     assert fallbacks["written"] == 0
+
+
+@jax_only
+@pytest.mark.parametrize("kernel_size", [1, 3, 5])
+def test_loop_convolution_gradients_equal_jax_autodiff(kernel_size):
+    # The loop body's convolution on CPUs writes its two gradient convolutions
+    # itself (as forward NHWC/HWIO convolutions); they equal JAX's own.
+    import jax
+
+    from keras_identity.layers.residual import _jax_loop
+
+    rng = np.random.default_rng(kernel_size)
+    x = rng.normal(size=(3, 7, 5, 4)).astype("float32")
+    kernel = rng.normal(size=(kernel_size, kernel_size, 4, 6)).astype("float32")
+    upstream = rng.normal(size=(3, 7, 5, 6)).astype("float32")
+
+    def pullback(conv):
+        y, vjp = jax.vjp(conv, x, kernel)
+        return (y,) + vjp(upstream)
+
+    written = pullback(_jax_loop.conv)
+    autodiff = pullback(lambda x, k: ops.conv(x, k, padding="same"))
+    for got, expected in zip(written, autodiff):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+        assert float(np.max(np.abs(expected))) > 1
