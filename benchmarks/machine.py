@@ -1,8 +1,22 @@
-"""Names the machine a benchmark ran on, and its Markdown tables."""
+"""Names the machine a benchmark ran on, reads its worker processes'
+results, and writes its Markdown tables."""
+
+import json
 
 from keras_identity_cli.machine import describe
 
-__all__ = ["describe", "table"]
+__all__ = ["describe", "result", "table"]
+
+
+def result(done):
+    """The ``RESULT {json}`` line a benchmark worker printed, as a dict, or
+    ``{"error": ...}`` with its exit status and last line of stderr
+    (``done``: a finished ``subprocess.CompletedProcess``)."""
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return dict(error=f"exit {done.returncode}: {tail[:200]}")
 
 
 def _cell(value, fmt):

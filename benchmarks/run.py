@@ -250,11 +250,7 @@ def _run(label, args, env):
                               timeout=FLAGS.timeout_s)
     except subprocess.TimeoutExpired:
         return dict(error=f"over --timeout_s={FLAGS.timeout_s}")
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return dict(error=f"exit {done.returncode}: {tail[:200]}")
+    return machine.result(done)
 
 
 def _measure(config):

@@ -32,11 +32,17 @@ from absl import flags
 from benchmarks import machine
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("depth", 164, "Depth of the CIFAR pre-activation ResNet (6n+2 or 9n+2).")
-flags.DEFINE_integer("batch", 64, "Batch size.")
-flags.DEFINE_integer("repeats", 5, "Timed repetitions of each part (the median is shown).")
-flags.DEFINE_boolean("torch", True, "Also sum the convolutions in PyTorch channels-last.")
-flags.DEFINE_string("output_json", None, "Where to write the JSON (optional).")
+
+
+def _define_flags():
+    # Defined when run as a program only: benchmarks.run, importable beside
+    # this module (conv_shapes), has flags of the same names.
+    flags.DEFINE_integer("depth", 164, "Depth of the CIFAR pre-activation ResNet (6n+2 or "
+                         "9n+2).")
+    flags.DEFINE_integer("batch", 64, "Batch size.")
+    flags.DEFINE_integer("repeats", 5, "Timed repetitions of each part (the median is shown).")
+    flags.DEFINE_boolean("torch", True, "Also sum the convolutions in PyTorch channels-last.")
+    flags.DEFINE_string("output_json", None, "Where to write the JSON (optional).")
 
 
 def conv_shapes(depth, batch, image=32):
@@ -170,11 +176,7 @@ for (n, h, w, cin, cout, k, stride), count in shapes:
 print("RESULT " + json.dumps(dict(convolutions_s=total, torch=torch.__version__)))
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return dict(error=f"exit {done.returncode}: {tail[:200]}")
+    return machine.result(done)
 
 
 def main(argv):
@@ -229,4 +231,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
