@@ -350,7 +350,10 @@ class ZeroPadShortcut(keras.layers.Layer):
         sh, sw = self.strides
         x = inputs
         if sh > 1 or sw > 1:
-            x = x[:, ::sh, ::sw, :]
+            # A 1x1 pooling window is the strided slice x[:, ::sh, ::sw]; its
+            # output size is written as a strided convolution's, so the two
+            # branches agree on symbolic sizes too (JAX export of H, W = None).
+            x = ops.average_pool(x, 1, (sh, sw), "valid")
         extra = self.filters - x.shape[-1]
         if extra:
             x = ops.pad(x, [[0, 0], [0, 0], [0, 0], [0, extra]])

@@ -1,6 +1,7 @@
 import keras
 import numpy as np
 import pytest
+from tests.backend import jax_only
 from tests.backend import vjp
 
 import keras_identity as ki
@@ -123,6 +124,21 @@ def test_option_a_has_no_parameters_and_zero_pads(rng):
                      unit="full_preactivation")
     n_params = lambda l: sum(int(np.prod(w.shape)) for w in l.trainable_weights)  # noqa: E731
     assert n_params(option_b) - n_params(layer) == 4 * 8  # the 1x1 projection
+
+
+@jax_only
+@pytest.mark.parametrize("block", ["basic", "bottleneck"])
+def test_option_a_unit_of_unknown_size_traces_symbolically(block):
+    """JAX export of an any-size model traces H and W as symbols: option A's
+    subsampling must write its size as the residual branch's strided
+    convolution does, or x + F(x) is refused (a strided slice wrote ceil(H / 2))."""
+    import jax
+
+    layer = _unit((2, 6, 6, 4), filters=8, strides=2, dimension_shortcut="A",
+                  unit="full_preactivation", block=block)
+    spec = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, h, w, 4"), "float32")
+    shape = jax.eval_shape(lambda x: layer(x, training=False), spec).shape
+    assert str(shape[1]) == "floordiv(h - 1, 2) + 1" and shape[3] == 8
 
 
 def test_post_activation_projection_has_bn():
