@@ -8,10 +8,13 @@ BACKEND = keras.backend.backend()
 tensorflow_only = pytest.mark.skipif(BACKEND != "tensorflow",
                                      reason="TensorFlow graphs or tf.distribute")
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX backend only")
-# Tests that run the package's commands on its default route (TensorFlow) in
-# processes of their own, whatever backend the test process has: run once, on
-# TensorFlow (the JAX route's commands are tested in tests/test_tensorflow_optional.py
-# and tests/experiments).
+# Tests that run the package's programs end to end in processes of their own
+# (the README's commands, the notebook, the installed wheel, the experiment
+# drivers' smoke runs, the benchmark, which starts one worker per backend
+# itself): their Python is the same on every backend and each backend's
+# training step, checkpoints and exports are tested in-process on every leg,
+# so they run once, on the TensorFlow leg (the JAX route's programs without
+# TensorFlow: tests/test_tensorflow_optional.py, benchmarks' JAX-only run).
 default_route = pytest.mark.skipif(
     BACKEND != "tensorflow", reason="runs the TensorFlow route's commands in processes of "
                                     "their own; run on the TensorFlow leg")

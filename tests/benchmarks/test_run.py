@@ -8,6 +8,7 @@ import pytest
 
 import keras_identity as ki
 from benchmarks import run as bench
+from tests.backend import default_route
 from tests.conftest import REPO
 
 
@@ -30,7 +31,7 @@ def test_forward_flops_of_resnet164():
     assert 1.85 * identity < projected < gated < 1.95 * identity
 
 
-@pytest.mark.needs_tensorflow
+@default_route
 def test_small_run_writes_table_and_json(tmp_path):
     out = tmp_path / "bench.json"
     result = _cli("--models=preact_resnet11", "--modes=unrolled,scan", "--notorch",

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments._curves import verdict
+from tests.backend import default_route
 from tests.conftest import REPO
 
 
@@ -60,6 +61,7 @@ def test_bad_flags_are_one_line(args, message):
     assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
 
 
+@default_route
 def test_runs_take_turns_and_the_report_compares_equal_lengths(tmp_path):
     rng = np.random.default_rng(0)
     data = tmp_path / "cifar-like.npz"

@@ -5,9 +5,11 @@ import json
 import subprocess
 import sys
 
+from tests.backend import default_route
 from tests.conftest import REPO
 
 
+@default_route
 def test_smoke_run_searches_both_nets_and_reports(tmp_path):
     args = [sys.executable, "-m", "experiments.highway_fig1_search", "--depth=3", "--trials=2",
             "--epochs=1", "--retrain_epochs=1", f"--run_dir={tmp_path / 'runs'}",

@@ -9,6 +9,7 @@ import pytest
 
 from experiments._curves import difference_margin
 from experiments._curves import tail_mean
+from tests.backend import default_route
 from tests.conftest import REPO
 
 
@@ -101,6 +102,7 @@ def fake_data(tmp_path):
     return mnist, cifar
 
 
+@default_route
 def test_degradation_runs_four_nets_and_reports(tmp_path, fake_data):
     _, cifar = fake_data
     result = run("degradation", f"--data_dir={cifar}", "--depths=8,14", "--iterations=4",
@@ -120,6 +122,7 @@ def test_degradation_runs_four_nets_and_reports(tmp_path, fake_data):
     assert again.returncode == 0 and ": to iteration" not in again.stdout   # nothing retrained
 
 
+@default_route
 def test_looks_linear_runs_and_reports(tmp_path, fake_data):
     mnist, _ = fake_data
     result = run("looks_linear", f"--data_dir={mnist}", "--depths=4,6", "--iterations=2",

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from experiments import claims
+from tests.backend import default_route
 from tests.conftest import REPO
 
 
@@ -13,6 +14,7 @@ def run(*args, module="experiments.reproduce"):
                           text=True, capture_output=True, timeout=600)
 
 
+@default_route
 def test_highway_table1_smoke_run_writes_mean_and_std_per_width(tmp_path):
     args = ["--claim=highway_table1", "--", "--widths=16", "--runs=2", "--epochs=1",
             "--train_examples=512", f"--run_dir={tmp_path / 'runs'}",

@@ -7,9 +7,11 @@ import subprocess
 import sys
 import time
 
+from tests.backend import default_route
 from tests.conftest import REPO
 
 
+@default_route
 def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
     args = [sys.executable, "-m", "keras_identity_cli.tune", "--model=highway_net", "--depth=20",
             "--train_examples=12000", "--epochs=2", "--gate_biases=0,-3,-6", "--verbose=0",
