@@ -24,6 +24,7 @@ from keras_identity import _checks
 from keras_identity.layers.residual import ResidualStack
 from keras_identity.layers.residual import ResidualUnit
 from keras_identity.layers.residual import check_recompute
+from keras_identity.layers.residual.shortcuts import PARAMETERS
 
 STAGE_MODES = ("unrolled", "scan", "auto")
 # "auto" loops over a stage from this many units on (ResNet-110 and -164
@@ -177,7 +178,7 @@ def _unit_weight_table(model):
     for layer in model.layers:
         if isinstance(layer, ResidualStack):
             stacked = {name: np.asarray(v.numpy())
-                       for name, v in layer._named_variables().items()}
+                       for name, v in layer.stacked_variables().items()}
             for j in range(layer.num_units):
                 for name, value in stacked.items():
                     table[(_stack_unit_name(layer, j), name)] = value[j]
@@ -219,7 +220,7 @@ def transfer_weights(source, target, ignore_source_layers=()):
 
     for layer in target.layers:
         if isinstance(layer, ResidualStack):
-            for name, variable in layer._named_variables().items():
+            for name, variable in layer.stacked_variables().items():
                 unit_shape = tuple(variable.shape[1:])
                 variable.assign(np.stack([
                     take((_stack_unit_name(layer, j), name), unit_shape)
@@ -241,7 +242,7 @@ def stack_unit_config(stack, index):
     kwargs = {k: config[k] for k in (
         "block", "unit", "shortcut", "bottleneck_width", "kernel_size", "use_bias",
         "bn_momentum", "bn_epsilon", "kernel_initializer", "kernel_regularizer")}
-    kwargs.update(stack._shortcut.config())
+    kwargs.update({k: config[k] for k in PARAMETERS if k in config})
     rates = stack.stochastic_depth_rates
     kwargs["stochastic_depth_rate"] = 0.0 if rates is None else rates[index]
     kwargs["seed"] = None if stack.seed is None else stack.seed + index

@@ -316,11 +316,11 @@ class ResidualStack(keras.layers.Layer):
         ``"gate/bias"``, ...
         """
         return {name: ops.convert_to_numpy(variable[index])
-                for name, variable in self._named_variables().items()}
+                for name, variable in self.stacked_variables().items()}
 
     def set_unit_weights(self, index, weights):
         """Sets unit ``index`` from ``{name: array}`` as :meth:`unit_weights`."""
-        for name, variable in self._named_variables().items():
+        for name, variable in self.stacked_variables().items():
             if name not in weights:
                 raise ValueError(f"Unit {index} of '{self.name}' needs weight {name!r}; "
                                  f"got {sorted(weights)}.")
@@ -328,7 +328,9 @@ class ResidualStack(keras.layers.Layer):
             value[index] = weights[name]
             variable.assign(value)
 
-    def _named_variables(self):
+    def stacked_variables(self):
+        """``{name: variable}`` of every stacked weight, names as in
+        :meth:`unit_weights` (slice ``j`` of a variable is unit ``j``'s)."""
         named = {}
         for i, (kernel, bias) in enumerate(zip(self.conv_kernels, self.conv_biases)):
             named[f"conv{i + 1}/kernel"] = kernel

@@ -84,7 +84,7 @@ def _assert_equal_forms(unrolled, looped, stack, x, target):
         by_name = {f"{sub.name[len(layer.name) + 1:]}/{w.name}": g
                    for sub in layer.layers for w in sub.trainable_weights
                    for w2, g in zip(unrolled.trainable_variables, grads_u) if w2 is w}
-        stacked = {name: g for (name, v) in stack._named_variables().items()
+        stacked = {name: g for (name, v) in stack.stacked_variables().items()
                    for v2, g in zip(looped.trainable_variables, grads_l) if v2 is v}
         assert set(stacked) == set(by_name)
         for name, g in by_name.items():
@@ -261,18 +261,18 @@ def test_training_graph_of_a_shortcut_stack_does_not_grow(shortcut):
 def test_shortcut_weights_are_stacked_per_unit():
     gated = ResidualStack(8, 5, shortcut="exclusive_gating", gate_bias_init=-3.0)
     gated.build((None, 6, 6, 8))
-    named = gated._named_variables()
+    named = gated.stacked_variables()
     assert tuple(named["gate/kernel"].shape) == (5, 1, 1, 8, 8)
     assert named["gate/kernel"].dtype == "float32"
     np.testing.assert_array_equal(named["gate/bias"].numpy(), -3.0)
     projected = ResidualStack(8, 5, shortcut="conv1x1", unit="original")
     projected.build((None, 6, 6, 8))
-    assert {n for n in projected._named_variables() if n.startswith("shortcut")} == {
+    assert {n for n in projected.stacked_variables() if n.startswith("shortcut")} == {
         "shortcut_conv/kernel", "shortcut_bn/gamma", "shortcut_bn/beta",
         "shortcut_bn/moving_mean", "shortcut_bn/moving_variance"}
     preact = ResidualStack(8, 5, shortcut="conv1x1", unit="full_preactivation")
     preact.build((None, 6, 6, 8))
-    assert [n for n in preact._named_variables() if n.startswith("shortcut")] == [
+    assert [n for n in preact.stacked_variables() if n.startswith("shortcut")] == [
         "shortcut_conv/kernel"]
     # 1 unit of 8 channels: 2 convs 3x3 + 2 BN (gamma, beta) + the 1x1 shortcut.
     assert preact.count_params() == 5 * (2 * 9 * 64 + 2 * 4 * 8 + 64)
@@ -373,8 +373,8 @@ def test_mixed_precision_computes_in_bfloat16_with_float32_statistics():
         config.pop("dtype")
         mixed = ResidualStack.from_config(config)
         mixed.build((None, 6, 6, 16))
-        for name, variable in mixed._named_variables().items():
-            variable.assign(stack._named_variables()[name])
+        for name, variable in mixed.stacked_variables().items():
+            variable.assign(stack.stacked_variables()[name])
         got = mixed(x, training=False)
         out = mixed(x, training=True)
     finally:
@@ -435,7 +435,7 @@ def test_gated_stack_with_biased_convolutions_has_the_units_parameters():
     stack = ResidualStack(8, 3, shortcut="exclusive_gating", use_bias=True)
     stack.build((None, 6, 6, 8))
     assert stack.count_params() == 3 * unrolled.count_params()
-    assert [n for n in stack._named_variables() if n.startswith("gate")] == [
+    assert [n for n in stack.stacked_variables() if n.startswith("gate")] == [
         "gate/kernel", "gate/bias"]
 
 
