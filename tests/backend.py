@@ -16,8 +16,8 @@ jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX backend only")
 # so they run once, on the TensorFlow leg (the JAX route's programs without
 # TensorFlow: tests/test_tensorflow_optional.py, benchmarks' JAX-only run).
 default_route = pytest.mark.skipif(
-    BACKEND != "tensorflow", reason="runs the TensorFlow route's commands in processes of "
-                                    "their own; run on the TensorFlow leg")
+    BACKEND != "tensorflow", reason="runs the package's programs end to end in processes "
+                                    "of their own; run once, on the TensorFlow leg")
 
 
 def value_and_grad(model, loss_fn, inputs, training=True, sources=None):
