@@ -4,8 +4,9 @@ The research scripts of experiments/ (and benchmarks/) import them from here.
 """
 
 from keras_identity_cli._common import BACKENDS
-from keras_identity_cli._common import constants
+from keras_identity_cli._common import config_from_flags
 from keras_identity_cli._common import define_backend_flag
+from keras_identity_cli._common import define_config_flags
 from keras_identity_cli._common import define_model_flags
 from keras_identity_cli._common import fail
 from keras_identity_cli._common import model_kwargs_from_flags
@@ -15,8 +16,9 @@ from keras_identity_cli._common import tuners
 
 __all__ = [
     "BACKENDS",
-    "constants",
+    "config_from_flags",
     "define_backend_flag",
+    "define_config_flags",
     "define_model_flags",
     "fail",
     "model_kwargs_from_flags",

@@ -36,11 +36,9 @@ from experiments import _cli
 from experiments import _report
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("data_dir", None, "CIFAR-10 data (tfds directory or offline files).")
-flags.DEFINE_integer("depth", 20, "ResNet depth (6n+2; the paper: 110 for Table 1).")
-flags.DEFINE_integer("train_steps", None, "Iterations per run (default: the recipe's 64k).")
-flags.DEFINE_integer("steps_per_epoch", None, "Evaluation interval (default: one epoch).")
-flags.DEFINE_integer("batch_size", None, "Global batch size (default: the recipe's 128).")
+# Every run's settings (TrainConfig's flags; the paper's Table 1 is at depth 110).
+_cli.define_config_flags(names=("depth", "data_dir", "train_steps", "steps_per_epoch",
+                                "batch_size", "strategy", "precision"), defaults={"depth": 20})
 flags.DEFINE_list("seeds", ["0", "1"], "Seeds (the paper: median of 5 runs).")
 flags.DEFINE_list("tables", ["1", "2"], "Which tables to run: 1, 2 and gating (exclusive "
                   "gating at b_g = -6 in three unit orderings).")
@@ -49,8 +47,6 @@ flags.DEFINE_list("cases", None, "Only these cases (keys of TABLE1, TABLE2 and G
 flags.DEFINE_string("run_dir", "runs/ablations", "Directory of the individual runs.")
 flags.DEFINE_string("report", None, "Report name under docs/results/ (default: "
                     "resnet_ablations_<depth>.md).")
-flags.DEFINE_string("strategy", "auto", "tf.distribute strategy.")
-flags.DEFINE_string("precision", "float32", "Keras dtype policy.")
 
 # (key, case, Fig., on shortcut, on F, paper's ResNet-110 error, ResidualUnit arguments)
 TABLE1 = [
@@ -122,7 +118,6 @@ def _run(key, seed, unit_kwargs):
     import keras
 
     from keras_identity.training import ConfigError
-    from keras_identity.training import TrainConfig
     from keras_identity.training import TrainingDiverged
     from keras_identity.training import train
 
@@ -130,11 +125,8 @@ def _run(key, seed, unit_kwargs):
     marker = os.path.join(model_dir, "diverged.json")
     if os.path.exists(marker):
         return json.load(open(marker))
-    config = TrainConfig(model="resnet", depth=FLAGS.depth, dataset="cifar10",
-                         data_dir=FLAGS.data_dir, train_steps=FLAGS.train_steps,
-                         steps_per_epoch=FLAGS.steps_per_epoch, batch_size=FLAGS.batch_size,
-                         seed=seed, strategy=FLAGS.strategy, precision=FLAGS.precision,
-                         verbose=0, model_dir=model_dir, model_kwargs=unit_kwargs)
+    config = _cli.config_from_flags(model="resnet", dataset="cifar10", seed=seed, verbose=0,
+                                    model_dir=model_dir, model_kwargs=unit_kwargs)
     try:
         row = train(config, print_fn=lambda *_: None)["history"][-1]
     except TrainingDiverged as error:

@@ -140,6 +140,54 @@ def fail(message, code=1, *, at_once=False):
     sys.exit(code)
 
 
+# ------------------------------------------------------------ config flags
+def define_config_flags(names=None, defaults=None):
+    """Defines a flag for each field of ``TrainConfig`` that declares one (its
+    help, default and choices are declared there, once).
+
+    ``names``: only these fields; ``defaults``: the program's own default of
+    a field (e.g. the tuner's epochs per trial).
+    """
+    import dataclasses
+
+    from keras_identity.training import TrainConfig
+
+    defaults = defaults or {}
+    definers = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+    for field in dataclasses.fields(TrainConfig):
+        if "help" not in field.metadata or (names is not None and field.name not in names):
+            continue
+        default = defaults.get(field.name, field.default)
+        choices = field.metadata["choices"]
+        if choices:
+            flags.DEFINE_enum(field.name, None if default is None else str(default),
+                              [str(c) for c in choices], field.metadata["help"])
+        else:
+            definers.get(field.type, flags.DEFINE_string)(field.name, default,
+                                                          field.metadata["help"])
+
+
+def config_from_flags(**values):
+    """``TrainConfig`` from the flags :func:`define_config_flags` defined, the
+    model flags and ``values`` (set by the program itself)."""
+    import dataclasses
+
+    from keras_identity.training import TrainConfig
+
+    kwargs = {}
+    for field in dataclasses.fields(TrainConfig):
+        if "help" not in field.metadata or field.name not in flags.FLAGS:
+            continue
+        value, choices = flags.FLAGS[field.name].value, field.metadata["choices"]
+        # An enum flag holds a string; the field holds the choice's own type.
+        kwargs[field.name] = value if value is None or not choices else next(
+            c for c in choices if str(c) == value)
+    kwargs.update(values)
+    if "model_kwargs" not in kwargs:
+        kwargs["model_kwargs"] = model_kwargs_from_flags(kwargs["model"])
+    return TrainConfig(**kwargs)
+
+
 # ------------------------------------------------------------- model flags
 def define_model_flags():
     """Defines the flags that set builder arguments (``registry.MODEL_FLAGS``)
@@ -192,22 +240,6 @@ def model_kwargs_from_flags(model):
             fail(f"--model_kwargs sets {key!r}, which --{key} sets too; give it once", 2)
         kwargs.update(extra)
     return kwargs
-
-
-def constants():
-    """The library's choices for flag enums (one place, not retyped)."""
-    import types
-
-    from keras_identity.data import facts
-    from keras_identity.data import normalization
-    from keras_identity.training import recipes
-    from keras_identity.training import strategies
-    from keras_identity.training import trainer
-
-    return types.SimpleNamespace(
-        DATASETS=facts.DATASETS, RECIPE_NAMES=recipes.RECIPE_NAMES,
-        NORMALIZATIONS=normalization.MODES, AUGMENTATIONS=facts.AUGMENTATIONS,
-        STRATEGIES=strategies.STRATEGIES, PRECISIONS=trainer.PRECISIONS)
 
 
 def tune_objectives():

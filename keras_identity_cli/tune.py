@@ -31,19 +31,16 @@ _cli.select_backend()  # before keras_identity (and Keras) is imported
 
 FLAGS = flags.FLAGS
 _cli.define_backend_flag()
-flags.DEFINE_string("model", "highway_net", "resnet, preact_resnet, highway_net or plain_net "
-                    "(the gate-bias search: highway_net or a ResNet with a gated --shortcut).")
-flags.DEFINE_integer("depth", None, "Depth (default: the model's usual depth).")
+# The settings of each trial (TrainConfig's fields and the model flags); a
+# trial trains --epochs=3 unless told otherwise.
+_cli.define_config_flags(
+    names=("model", "depth", "dataset", "data_dir", "recipe", "batch_size", "epochs",
+           "strategy", "tpu", "precision", "seed", "train_examples", "model_dir", "verbose"),
+    defaults={"epochs": 3})
 _cli.define_model_flags()
-flags.DEFINE_enum("dataset", "mnist", list(_cli.constants().DATASETS), "Dataset.")
-flags.DEFINE_string("data_dir", None, "Offline data or a tensorflow_datasets directory.")
-flags.DEFINE_enum("recipe", None, list(_cli.constants().RECIPE_NAMES),
-                  "Training recipe of each trial (default: by model and dataset).")
 flags.DEFINE_enum("tuner", "grid", list(_cli.tuners()), "Tuner.")
 flags.DEFINE_integer("max_trials", None, "Trials (default: the size of the space; hyperband "
                      "decides its own).")
-flags.DEFINE_integer("epochs", 3, "Epochs per trial (hyperband: the most a trial gets).")
-flags.DEFINE_integer("batch_size", None, "Global batch size.")
 flags.DEFINE_float("validation_split", 0.1, "Fraction of the training set held out.")
 flags.DEFINE_list("gate_biases", None, "Initial gate biases searched, values or a range "
                   "low:high (default for a model with a gate bias: 0,-1,...,-10).")
@@ -63,17 +60,6 @@ flags.DEFINE_enum("objective", "val_error", list(_cli.tune_objectives()),
 flags.DEFINE_bool("retrain_best", False, "Train the best value on the whole training set "
                   "and report its test error.")
 flags.DEFINE_integer("retrain_epochs", None, "Epochs of --retrain_best (default: --epochs).")
-flags.DEFINE_enum("strategy", "auto", [s for s in _cli.constants().STRATEGIES
-                                       if s != "multi_worker"],
-                  "tf.distribute strategy, passed to the tuner.")
-flags.DEFINE_string("tpu", "", "TPU address for --strategy=tpu.")
-flags.DEFINE_enum("precision", "float32", list(_cli.constants().PRECISIONS),
-                  "Keras dtype policy.")
-flags.DEFINE_integer("seed", 0, "Seed of data split, initialisation and tuner.")
-flags.DEFINE_integer("train_examples", None, "Use a random subset of the training set.")
-flags.DEFINE_string("model_dir", None, "Tuner directory (default: runs/tune_<model><depth>_"
-                    "<dataset>).")
-flags.DEFINE_enum("verbose", "1", ["0", "1", "2"], "Keras progress of each trial.")
 
 
 def _floats(name, values, log=False, ranges=True):
@@ -100,7 +86,6 @@ def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
     from keras_identity.training import ConfigError
-    from keras_identity.training import TrainConfig
     from keras_identity.tuning import SearchConfig
     from keras_identity.tuning import run_search
 
@@ -112,15 +97,9 @@ def main(argv):
     if FLAGS.retrain_epochs is not None and not FLAGS.retrain_best:
         _cli.fail("--retrain_epochs applies with --retrain_best", 2)
     try:
-        model_kwargs = _cli.model_kwargs_from_flags(FLAGS.model)
+        train = _cli.config_from_flags()
     except ValueError as error:
         _cli.fail(error, 2)
-    train = TrainConfig(
-        model=FLAGS.model, depth=FLAGS.depth, model_kwargs=model_kwargs,
-        dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, recipe=FLAGS.recipe,
-        batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, strategy=FLAGS.strategy,
-        tpu=FLAGS.tpu, precision=FLAGS.precision, seed=FLAGS.seed,
-        train_examples=FLAGS.train_examples, verbose=int(FLAGS.verbose))
     search = SearchConfig(
         train=train, tuner=FLAGS.tuner, max_trials=FLAGS.max_trials,
         validation_split=FLAGS.validation_split,
@@ -134,8 +113,9 @@ def main(argv):
         retrain_best=FLAGS.retrain_best, retrain_epochs=FLAGS.retrain_epochs)
     try:
         search.validate()
-        train.model_dir = FLAGS.model_dir or os.path.join(
-            "runs", f"tune_{train.model}{train.resolved_depth or ''}_{train.dataset}")
+        if FLAGS.model_dir is None:
+            train.model_dir = os.path.join(
+                "runs", f"tune_{train.model}{train.resolved_depth or ''}_{train.dataset}")
         run_search(search)
     except ConfigError as error:
         _cli.fail(error, 2)

@@ -18,3 +18,4 @@ from keras_identity.layers.residual import UNITS
 from keras_identity.layers.residual import ResidualStack
 from keras_identity.layers.residual import ResidualUnit
 from keras_identity.layers.residual import ZeroPadShortcut
+from keras_identity.layers.residual import shortcuts  # Fig. 2's classes

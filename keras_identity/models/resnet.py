@@ -264,9 +264,9 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
     and resolves their defaults."""
     _checks.check_choice("dataset", dataset, DATASETS)
     _checks.check_choice("unit", unit, UNITS)
-    shortcut_args = shortcuts.get(
+    shortcut = shortcuts.get(
         shortcut, shortcut_scale=shortcut_scale, scale_residual=scale_residual,
-        gate_bias_init=gate_bias_init, shortcut_dropout_rate=shortcut_dropout_rate).config()
+        gate_bias_init=gate_bias_init, shortcut_dropout_rate=shortcut_dropout_rate)
     block, units = resolve_depth(depth, dataset, block)
     family = _family(dataset)
     if block == "single" and family == "imagenet":
@@ -297,7 +297,8 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
                          "'channels_last'.")
     return types.SimpleNamespace(
         block=block, units=units, family=family, dimension_shortcut=dimension_shortcut,
-        num_classes=num_classes, input_shape=input_shape, shortcut_args=shortcut_args,
+        num_classes=num_classes, input_shape=input_shape, shortcut=shortcut.name,
+        shortcut_args=shortcut.config(),
         stage_mode=stage_mode, recompute=recompute, normalization=normalization)
 
 
@@ -337,7 +338,9 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
         dataset: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` or ``"mnist"``;
             sets the architecture family, input shape and number of classes.
         unit: Fig. 4 ordering (``"original"`` ... ``"full_preactivation"``).
-        shortcut: Fig. 2 shortcut (``"identity"`` ... ``"dropout"``).
+        shortcut: Fig. 2 shortcut: a name (``"identity"`` ... ``"dropout"``) or
+            an object of :mod:`keras_identity.layers.shortcuts` carrying its
+            arguments, e.g. ``ExclusiveGating(gate_bias_init=-6.0)``.
         block: ``"basic"``, ``"bottleneck"`` or ``"single"``; ``None`` follows
             the papers (see :func:`resolve_depth`).
         num_classes: classifier outputs (default: the dataset's classes).
@@ -424,7 +427,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     kernel_init = initializers.he_normal_fan_out(seed)
     use_bias = family == "mnist"
     unit_kwargs = dict(
-        block=block, unit=unit, shortcut=shortcut, dimension_shortcut=dimension_shortcut,
+        block=block, unit=unit, shortcut=a.shortcut, dimension_shortcut=dimension_shortcut,
         stride_on_1x1=stride_on_1x1, **shortcut_args, use_bias=use_bias,
         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon, kernel_initializer=kernel_init,
         kernel_regularizer=kernel_regularizer, seed=seed)

@@ -19,6 +19,7 @@ import keras
 from keras_identity import _checks
 from keras_identity.data import arrays
 from keras_identity.data import datasets as datasets_lib
+from keras_identity.data import facts
 from keras_identity.data import normalization as normalization_lib
 from keras_identity.models import registry
 from keras_identity.training import callbacks as callbacks_lib
@@ -39,47 +40,73 @@ class ConfigError(ValueError):
     """The configuration or the data cannot work; the message says why (one line)."""
 
 
+def setting(default=None, help=None, choices=None):
+    """A field of :class:`TrainConfig`: its default and, for the command-line
+    programs, its flag's ``help`` and ``choices`` (the flags are generated
+    from these fields; a field without ``help`` has no flag of its own)."""
+    metadata = {} if help is None else {"help": help, "choices": choices}
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=dict, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything a run depends on (the CLI's flags)."""
+    """Everything a run depends on; each field is also a flag of
+    ``keras-identity-train`` (``--name``, with the help given here)."""
 
-    model: str = "highway_net"
-    depth: int = None
+    model: str = setting("highway_net", "Builder (resnet, preact_resnet, highway_net, "
+                         "plain_net) or a named configuration (e.g. preact_resnet164).")
+    depth: int = setting(None, "Depth (default: the model's usual depth for the dataset).")
     # Builder arguments, passed through to the model's builder (e.g.
-    # {"shortcut": "exclusive_gating", "gate_bias_init": -6.0}).
-    model_kwargs: dict = dataclasses.field(default_factory=dict)
-    dataset: str = "mnist"
-    data_dir: str = None
-    recipe: str = None
-    batch_size: int = None
-    epochs: int = None
-    train_steps: int = None
-    # Stop at this step of the schedule, resumable (the learning-rate schedule
-    # keeps the length of epochs/train_steps): the start of a long run.
-    stop_at_step: int = None
-    steps_per_epoch: int = None
-    learning_rate: float = None
-    momentum: float = None
-    weight_decay: float = None
-    # Exponential decay factor of the learning rate per epoch (recipes with the
-    # "exponential" schedule only, e.g. highway_mnist).
-    lr_decay: float = None
-    warmup_steps: int = None
-    normalization: str = None
-    augmentation: str = None
-    strategy: str = "auto"
-    tpu: str = ""
-    precision: str = "float32"
-    jit_compile: bool = False
-    steps_per_execution: int = None
-    seed: int = 0
-    deterministic: bool = False
-    model_dir: str = "runs/default"
-    keep_checkpoints: int = 2
-    train_examples: int = None
-    test_examples: int = None
-    eval_crop: int = 224
-    verbose: object = 1
+    # {"shortcut": "exclusive_gating", "gate_bias_init": -6.0}); on the
+    # command line the model flags and --model_kwargs.
+    model_kwargs: dict = setting({})
+    dataset: str = setting("mnist", "Dataset.", datasets_lib.DATASETS)
+    data_dir: str = setting(None, "Offline data (.npz, image folder or .tar.gz, or a folder "
+                            "holding one) or a tensorflow_datasets data directory.")
+    recipe: str = setting(None, "Training recipe (default: by model and dataset).",
+                          recipes_lib.RECIPE_NAMES)
+    batch_size: int = setting(None, "Global batch size (default: the recipe's; the learning "
+                              "rate and iteration counts scale linearly).")
+    epochs: int = setting(None, "Train this many epochs (overrides the recipe's length).")
+    train_steps: int = setting(None, "Train this many iterations.")
+    stop_at_step: int = setting(None, "Stop at this step, resumable: the learning-rate "
+                                "schedule keeps the run's length (the start of a long run; "
+                                "a multiple of the epoch).")
+    steps_per_epoch: int = setting(None, "Iterations per epoch (default: one pass over the "
+                                   "training set); also the checkpoint interval.")
+    learning_rate: float = setting(None, "Peak learning rate at this batch size.")
+    momentum: float = setting(None, "SGD momentum.")
+    weight_decay: float = setting(None, "Weight decay (coupled, as the authors' Torch code).")
+    lr_decay: float = setting(None, "Learning-rate decay factor per epoch (recipes with an "
+                              "exponential schedule: highway_mnist).")
+    warmup_steps: int = setting(None, "Warm-up iterations.")
+    normalization: str = setting(None, "Input normalisation (default: the recipe's).",
+                                 normalization_lib.MODES)
+    augmentation: str = setting(None, "Data augmentation (default: the recipe's).",
+                                facts.AUGMENTATIONS)
+    strategy: str = setting("auto", "Distribution: a tf.distribute strategy on TensorFlow, "
+                            "keras.distribution.DataParallel on JAX (auto/mirrored: every "
+                            "device, of every process).", strategies.STRATEGIES)
+    tpu: str = setting("", "TPU address for --strategy=tpu (Colab: empty).")
+    precision: str = setting("float32", "Keras dtype policy (mixed_float16 uses loss "
+                             "scaling).", PRECISIONS)
+    jit_compile: bool = setting(False, "Compile the training step with XLA.")
+    steps_per_execution: int = setting(None, "Training steps per call of the compiled "
+                                       "function (default: 32 on a TPU, else 1; a divisor of "
+                                       "the epoch).")
+    seed: int = setting(0, "Seed of initialisation, shuffling and augmentation.")
+    deterministic: bool = setting(False, "Enable TensorFlow op determinism (with --seed: "
+                                  "repeatable runs on CPU).")
+    model_dir: str = setting(None, "Output directory (default: "
+                             "runs/<model><depth>_<dataset>).")
+    keep_checkpoints: int = setting(2, "Checkpoints kept.")
+    train_examples: int = setting(None, "Use a random subset of the training set.")
+    test_examples: int = setting(None, "Use a random subset of the test set.")
+    eval_crop: int = setting(224, "ImageNet evaluation crop (Table 5).", (224, 320))
+    verbose: int = setting(1, "Keras progress: 0 silent, 1 progress bar, 2 one line per "
+                           "epoch.", (0, 1, 2))
 
     def validate(self):
         """Checks the flags' values and combinations; raises :class:`ConfigError`."""
@@ -89,6 +116,9 @@ class TrainConfig:
             raise
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if self.model_dir is None:
+            self.model_dir = os.path.join(
+                "runs", f"{self.model}{self.resolved_depth or ''}_{self.dataset}")
         return self
 
     def _check(self):
@@ -113,18 +143,11 @@ class TrainConfig:
             if self.model_kwargs.get(name, value) != value:
                 raise ValueError(f"model_kwargs sets {name}={self.model_kwargs[name]!r}; the "
                                  f"trainer trains classifiers (include_top=True, no pooling).")
-        if self.dataset not in datasets_lib.DATASETS:
-            raise ValueError(f"dataset={self.dataset!r} is not valid; expected one of: "
-                             f"{', '.join(repr(d) for d in datasets_lib.DATASETS)}.")
+        for field in dataclasses.fields(self):  # the settings with a list of choices
+            value = getattr(self, field.name)
+            if field.metadata.get("choices") and value is not None:
+                _checks.check_choice(field.name, value, field.metadata["choices"])
         registry.builder_of(self.model)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} is not valid; expected one of: "
-                             f"{', '.join(repr(p) for p in PRECISIONS)}.")
-        if self.strategy not in strategies.STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r} is not valid; expected one of: "
-                             f"{', '.join(repr(s) for s in strategies.STRATEGIES)}.")
-        if self.recipe is not None:
-            recipes_lib.get_recipe(self.recipe)
         for name in ("batch_size", "epochs", "train_steps", "stop_at_step", "steps_per_epoch",
                      "train_examples", "test_examples", "steps_per_execution"):
             value = getattr(self, name)
@@ -142,7 +165,6 @@ class TrainConfig:
         if self.lr_decay is not None:
             _checks.check_range("lr_decay", self.lr_decay, 0.0, 1.0, low_inclusive=False)
         _checks.check_positive_int("seed", self.seed, minimum=0)
-        _checks.check_choice("eval_crop", self.eval_crop, (224, 320))
         if self.jit_compile and self.deterministic and keras.backend.backend() == "tensorflow":
             raise ValueError("jit_compile and deterministic are exclusive: Keras runs "
                              "without XLA when TensorFlow op determinism is enabled.")

@@ -93,3 +93,32 @@ def test_helpshort_lists_the_program_and_model_flags():
     result = run_cli("keras_identity_cli.train", "--helpshort")  # absl exits 1 after help
     for flag in ("--model:", "--shortcut:", "--gate_bias_init:", "--backend:", "--data_dir:"):
         assert flag in result.stdout, flag
+
+
+def test_every_setting_is_one_flag_with_the_declared_default_and_type():
+    """TrainConfig declares each setting once; keras-identity-train's flags
+    are generated from it, and the flags' values come back as the fields'
+    types (enum flags hold strings)."""
+    code = (
+        "import dataclasses, json\n"
+        "from absl import flags\n"
+        "from keras_identity_cli import train\n"
+        "from keras_identity.training import TrainConfig\n"
+        "flags.FLAGS(['prog', '--eval_crop=320', '--verbose=2', '--learning_rate=0.05',\n"
+        "             '--jit_compile', '--dataset=cifar10', '--model=resnet', '--depth=20'])\n"
+        "fields = dataclasses.fields(TrainConfig)\n"
+        "print(json.dumps({\n"
+        "    'without_flag': [f.name for f in fields if f.name not in flags.FLAGS],\n"
+        "    'given': dataclasses.asdict(train.config_from_flags()),\n"
+        "    'default': dataclasses.asdict(TrainConfig(model='resnet', depth=20,\n"
+        "                                              dataset='cifar10').validate())}))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                            capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["without_flag"] == []  # model_kwargs: the model flags and its JSON flag
+    given, default = out["given"], out["default"]
+    assert default["model_dir"] == "runs/resnet20_cifar10"
+    changed = {k: v for k, v in given.items() if default[k] != v}
+    assert changed == {"eval_crop": 320, "verbose": 2, "learning_rate": 0.05,
+                       "jit_compile": True}

@@ -131,12 +131,6 @@ def test_mixed_precision_gates_float32(rng):
     assert layer.transform_gate.compute_dtype == "float32"
 
 
-def test_config_round_trip():
-    layer = HighwayConv2D(kernel_size=5, activation="tanh", transform_bias_init=-2.0,
-                          carry_gate="separate", name="hw")
-    assert HighwayConv2D.from_config(layer.get_config()).get_config() == layer.get_config()
-
-
 @pytest.mark.parametrize("kwargs, words", [
     (dict(carry_gate="free"), ["carry_gate='free'", "'coupled'", "'separate'"]),
     (dict(transform_bias_init="neg"), ["transform_bias_init='neg'"]),

@@ -55,8 +55,17 @@ class Shortcut:
     gated = False
 
     def __init__(self, **values):
+        unknown = sorted(set(values) - set(self.parameters))
+        if unknown:
+            takes = ", ".join(self.parameters) or "no arguments"
+            raise ValueError(f"{type(self).__name__} ({self.figure}) takes {takes}; got "
+                             f"{', '.join(unknown)}.")
         for parameter in self.parameters:
             setattr(self, parameter, values.get(parameter, DEFAULTS[parameter]))
+
+    def __repr__(self):
+        values = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({values})"
 
     @property
     def has_shortcut(self):
@@ -233,13 +242,27 @@ def applies_to(parameter):
 def get(shortcut, **values):
     """The :class:`Shortcut` named ``shortcut`` with its parameters.
 
+    ``shortcut`` is a name of :data:`SHORTCUTS` (the shorthand, with its
+    arguments in ``values``) or a :class:`Shortcut` object such as
+    ``ExclusiveGating(gate_bias_init=-6.0)``, which carries its own.
     ``values`` holds the shortcut arguments the caller was given; ``None``
     means not given.
 
     Raises:
-        ValueError: for an unknown shortcut, a bad value, or an argument that
-            does not apply to ``shortcut`` (naming the shortcuts it needs).
+        ValueError: for an unknown shortcut, a bad value, an argument that
+            does not apply to ``shortcut`` (naming the shortcuts it needs), or
+            one given beside a :class:`Shortcut` object.
     """
+    if isinstance(shortcut, Shortcut):
+        for parameter, value in values.items():
+            if value is not None:
+                raise ValueError(f"{parameter}={value!r} is given beside shortcut={shortcut!r}, "
+                                 f"which sets its own arguments; give it to the shortcut.")
+        return shortcut
+    if not isinstance(shortcut, str):
+        raise ValueError(f"shortcut={shortcut!r} is not valid; expected one of: "
+                         f"{', '.join(repr(s) for s in SHORTCUTS)} or a Shortcut object "
+                         f"(keras_identity.layers.shortcuts).")
     _checks.check_choice("shortcut", shortcut, SHORTCUTS)
     cls = _CLASSES[SHORTCUTS.index(shortcut)]
     for parameter, value in values.items():
@@ -254,11 +277,11 @@ def get(shortcut, **values):
 
 def set_arguments(layer, shortcut, **values):
     """Validates a layer's ``shortcut`` and its arguments (:func:`get`) and sets
-    ``layer.shortcut``, ``layer._shortcut`` (the :class:`Shortcut`) and one
+    ``layer.shortcut`` (its name), ``layer._shortcut`` (the :class:`Shortcut`) and one
     attribute per argument of :data:`DEFAULTS` (``None`` where it does not
     apply)."""
     layer._shortcut = get(shortcut, **values)
-    layer.shortcut = shortcut
+    layer.shortcut = layer._shortcut.name
     for parameter in PARAMETERS:
         setattr(layer, parameter, getattr(layer._shortcut, parameter, None))
 

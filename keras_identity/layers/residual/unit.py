@@ -90,7 +90,9 @@ class ResidualUnit(keras.layers.Layer):
             ``"full_preactivation"``).
         shortcut: the Fig. 2 shortcut (``"identity"``, ``"constant_scaling"``,
             ``"exclusive_gating"``, ``"shortcut_only_gating"``, ``"conv1x1"``,
-            ``"dropout"``).
+            ``"dropout"``; its arguments below), or an object of
+            :mod:`.shortcuts` carrying its arguments, e.g.
+            ``shortcuts.ExclusiveGating(gate_bias_init=-6.0)``.
         strides: stride of the unit (1 or 2 in the papers' nets).
         dimension_shortcut: ``"A"`` or ``"B"``, for units that change shape.
         bottleneck_width: width d of a bottleneck's 1x1/3x3 layers

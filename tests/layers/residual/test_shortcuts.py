@@ -30,11 +30,6 @@ def test_rejects_fewer_channels_and_bad_strides():
         ZeroPadShortcut(4, strides=0)
 
 
-def test_config_round_trip():
-    layer = ZeroPadShortcut(8, strides=(2, 1), name="pad")
-    assert ZeroPadShortcut.from_config(layer.get_config()).get_config() == layer.get_config()
-
-
 # --- the Fig. 2 shortcut classes ------------------------------------------------
 
 tf = pytest.importorskip("tensorflow")  # noqa: E402  (TensorFlow-only checks)

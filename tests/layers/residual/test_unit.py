@@ -318,15 +318,6 @@ def test_every_unit_and_shortcut_trains_and_round_trips(unit, shortcut, tmp_path
         model.get_layer("stage2_unit1").get_config()
 
 
-def test_config_round_trip():
-    layer = ResidualUnit(16, block="bottleneck", unit="relu_only_preactivation",
-                         shortcut="exclusive_gating", strides=2, gate_bias_init=-6.0,
-                         preactivation="shared", kernel_regularizer=keras.regularizers.L2(1e-4),
-                         name="u")
-    clone = ResidualUnit.from_config(layer.get_config())
-    assert clone.get_config() == layer.get_config()
-
-
 def test_mixed_precision_keeps_gates_in_float32(rng):
     keras.config.set_dtype_policy("mixed_bfloat16")
     layer = _unit(unit="full_preactivation", shortcut="exclusive_gating")
@@ -445,3 +436,34 @@ def test_a_unit_that_changes_shape_keeps_its_shortcut_and_a_plain_one_cannot_be_
     assert plain.changes_shape and not plain.has_shortcut
     with pytest.raises(ValueError, match="has no shortcut and changes the shape"):
         plain.deleted = True
+
+
+def test_a_shortcut_object_is_the_same_unit_as_its_name_and_arguments(rng):
+    """shortcut= takes a Fig. 2 object carrying its arguments: the unit, its
+    config and its output equal those of the name and arguments."""
+    import keras_identity as ki
+
+    gate = ki.layers.shortcuts.ExclusiveGating(gate_bias_init=-6.0)
+    assert repr(gate) == "ExclusiveGating(gate_bias_init=-6.0)"
+    x = rng.normal(size=(2, 6, 6, 8)).astype("float32")
+    keras.utils.set_random_seed(3)
+    by_object = ki.layers.ResidualUnit(8, shortcut=gate)
+    y_object = by_object(x)
+    keras.utils.set_random_seed(3)
+    by_name = ki.layers.ResidualUnit(8, shortcut="exclusive_gating", gate_bias_init=-6.0)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(y_object),
+                                  keras.ops.convert_to_numpy(by_name(x)))
+    assert by_object.get_config() == dict(by_name.get_config(), name=by_object.name)
+    stack = ki.layers.ResidualStack(8, 2, shortcut=gate)
+    assert (stack.shortcut, stack.gate_bias_init) == ("exclusive_gating", -6.0)
+    model = ki.models.resnet(8, shortcut=gate, stage_mode="unrolled")
+    gates = [w for w in model.weights if w.path.endswith("gate/bias")]
+    assert gates and all(np.all(keras.ops.convert_to_numpy(w) == -6.0) for w in gates)
+    with pytest.raises(ValueError, match="gate_bias_init=-2.0 is given beside shortcut="
+                                         r"ExclusiveGating\(gate_bias_init=-6.0\)"):
+        ki.layers.ResidualUnit(8, shortcut=gate, gate_bias_init=-2.0)
+    with pytest.raises(ValueError, match="ExclusiveGating .Fig. 2.c.. takes gate_bias_init; "
+                                         "got bias_init"):
+        ki.layers.shortcuts.ExclusiveGating(bias_init=-6.0)
+    with pytest.raises(ValueError, match="shortcut=3 is not valid"):
+        ki.layers.ResidualUnit(8, shortcut=3)
