@@ -34,13 +34,14 @@ from keras_identity.models.resnet import resolve_depth
 from keras_identity.models.stage import check_stage_mode
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("depth", 164, "Depth of the pre-activation bottleneck ResNet (9n+2).")
-flags.DEFINE_integer("batch_size", 64, "Training batch size.")
-flags.DEFINE_string("stage_mode", "scan", "Stage mode: scan, unrolled or auto.")
-flags.DEFINE_string("recompute", "none", "Recomputation: none, bn_relu or unit.")
-flags.DEFINE_integer("steps", 3, "Calls after the first (steady steps).")
-flags.DEFINE_integer("pretouch_mb", 0, "Memory to allocate and free in TensorFlow tensors "
-                     "before the first step (0: none).")
+if __name__ == "__main__":  # its names are other benchmarks' too (loop_gradient)
+    flags.DEFINE_integer("depth", 164, "Depth of the pre-activation bottleneck ResNet (9n+2).")
+    flags.DEFINE_integer("batch_size", 64, "Training batch size.")
+    flags.DEFINE_string("stage_mode", "scan", "Stage mode: scan, unrolled or auto.")
+    flags.DEFINE_string("recompute", "none", "Recomputation: none, bn_relu or unit.")
+    flags.DEFINE_integer("steps", 3, "Calls after the first (steady steps).")
+    flags.DEFINE_integer("pretouch_mb", 0, "Memory to allocate and free in TensorFlow tensors "
+                         "before the first step (0: none).")
 
 
 def _faults():

@@ -338,8 +338,7 @@ class GateAddition:
         self.shortcut, self.weights = shortcut, [kernel, bias]
 
     def forward(self, weights, x, f):
-        kernel, bias = weights
-        g = tf.sigmoid(_conv(tf.cast(x, tf.float32), kernel, bias))
+        g = self.shortcut.gate(x, *weights, conv)
         return self.shortcut.combine(x, f, g), [], (g,)
 
     def backward(self, weights, x, f, g, dy):

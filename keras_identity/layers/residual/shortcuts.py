@@ -27,6 +27,7 @@ import keras
 from keras import ops
 
 from keras_identity import _checks
+from keras_identity.layers.fused_batch_normalization import fused_batch_norm
 from keras_identity.layers.residual import _random
 
 DIMENSION_SHORTCUTS = ("A", "B")
@@ -91,6 +92,73 @@ class Shortcut:
         """The shortcut's random mask (only Fig. 2(f) has one)."""
         return h
 
+    # ------------------------------------------- weights, in both forms of a unit
+    def unit_layers(self, make_conv, make_bn, filters, strides, *, changes_shape,
+                    dimension_shortcut, preactivation, name, dtype):
+        """The sub-layers of ``h`` in one :class:`ResidualUnit` named ``name``:
+        ``{"projection", "projection_bn", "zero_pad", "gate"}``, ``None`` where
+        absent.  A 1x1 projection (``"shortcut_conv"``, with a BN after it in
+        the post-activation orderings) for Fig. 2(e) and option B; option A's
+        :class:`ZeroPadShortcut` for a unit that changes shape otherwise.
+        ``make_conv(filters, kernel_size, strides, name, **kwargs)`` and
+        ``make_bn(name)`` are the unit's own layer factories.
+        """
+        layers = dict.fromkeys(("projection", "projection_bn", "zero_pad", "gate"))
+        if not self.has_shortcut:
+            return layers
+        if self.projects or (changes_shape and dimension_shortcut == "B"):
+            layers["projection"] = make_conv(filters, 1, strides, "shortcut_conv")
+            if not preactivation:
+                layers["projection_bn"] = make_bn("shortcut_bn")
+        elif changes_shape:
+            layers["zero_pad"] = ZeroPadShortcut(filters, strides, name=f"{name}_shortcut_pad",
+                                                 dtype=dtype)
+        return layers
+
+    def stack_weights(self, add_conv, add_bn, add_weight, channels, preactivation):
+        """The weights of ``h`` in a :class:`ResidualStack` (its units keep
+        their shape): ``{name: variable}`` stacked over the units, names as
+        the unit's sub-layers' (``"shortcut_conv/kernel"``, ...).
+        ``add_conv(name, kernel_size, cin, cout, use_bias=None, **kwargs)``
+        returns a stacked (kernel, bias or None), ``add_bn(name, channels)``
+        a stacked BN's four weights, ``add_weight`` is the stack's.
+        """
+        weights = {}
+        if self.projects:
+            kernel, bias = add_conv("shortcut_conv", 1, channels, channels)
+            weights["shortcut_conv/kernel"] = kernel
+            if bias is not None:
+                weights["shortcut_conv/bias"] = bias
+            if not preactivation:
+                kinds = ("gamma", "beta", "moving_mean", "moving_variance")
+                for kind, w in zip(kinds, add_bn("shortcut_bn", channels)):
+                    weights[f"shortcut_bn/{kind}"] = w
+        return weights
+
+    def unit_project(self, w, conv, epsilon, training, moments):
+        """Fig. 2(e)'s ``W_s x`` (with its BN) of one looped unit from its
+        slices ``w`` of :meth:`stack_weights`; appends the BN's batch moments
+        to ``moments`` in training.  ``None`` for a shortcut without one."""
+        if not self.projects:
+            return None
+
+        def project(t):
+            h = conv(t, w["shortcut_conv/kernel"])
+            if "shortcut_conv/bias" in w:
+                h = h + w["shortcut_conv/bias"]
+            if "shortcut_bn/gamma" in w:
+                h, m = fused_batch_norm(h, w["shortcut_bn/gamma"], w["shortcut_bn/beta"],
+                                        w.get("shortcut_bn/moving_mean"),
+                                        w.get("shortcut_bn/moving_variance"), epsilon, training)
+                if training:
+                    moments.append(m)
+            return h
+        return project
+
+    def unit_gate(self, w, conv):
+        """``g(x)`` of one looped unit (gated shortcuts), else ``None``."""
+        return None
+
     def combine(self, h, f, g=None):
         """Eqn. (1)'s sum of the shortcut ``h`` and the residual ``f``."""
         return h + f
@@ -143,6 +211,32 @@ class _Gating(Shortcut):
     def __init__(self, **values):
         super().__init__(**values)
         self.gate_bias_init = _checks.check_range("gate_bias_init", self.gate_bias_init)
+
+    def unit_layers(self, make_conv, make_bn, filters, strides, **kwargs):
+        # g(x) = sigmoid(W_g x + b_g): a 1x1 convolution kept in float32.
+        layers = super().unit_layers(make_conv, make_bn, filters, strides, **kwargs)
+        layers["gate"] = make_conv(
+            filters, 1, strides, "gate", dtype="float32", use_bias=True, activation="sigmoid",
+            bias_initializer=keras.initializers.Constant(self.gate_bias_init))
+        return layers
+
+    def stack_weights(self, add_conv, add_bn, add_weight, channels, preactivation):
+        weights = super().stack_weights(add_conv, add_bn, add_weight, channels, preactivation)
+        kernel, _ = add_conv("gate", 1, channels, channels, use_bias=False, autocast=False,
+                             dtype="float32")
+        weights["gate/kernel"] = kernel
+        weights["gate/bias"] = add_weight(
+            name="gate_bias", shape=(kernel.shape[0], channels), autocast=False,
+            dtype="float32", initializer=keras.initializers.Constant(self.gate_bias_init))
+        return weights
+
+    @staticmethod
+    def gate(x, kernel, bias, conv):
+        """``g(x) = sigmoid(W_g x + b_g)`` in float32 with one unit's weights."""
+        return ops.sigmoid(conv(ops.cast(x, "float32"), kernel) + bias)
+
+    def unit_gate(self, w, conv):
+        return lambda t: self.gate(t, w["gate/kernel"], w["gate/bias"], conv)
 
     def combine(self, h, f, g=None):
         # In float32: 1 - g(x) close to 1 is not representable in bfloat16.

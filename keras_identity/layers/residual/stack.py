@@ -19,7 +19,6 @@ import numpy as np
 from keras import ops
 
 from keras_identity import _checks
-from keras_identity.layers.fused_batch_normalization import fused_batch_norm
 from keras_identity.layers.fused_batch_normalization import update_moving_statistics
 from keras_identity.layers.residual import blocks
 from keras_identity.layers.residual import orderings
@@ -211,22 +210,9 @@ class ResidualStack(keras.layers.Layer):
         self._bn_names = [f"bn{i + 1}" for i in sorted(channels)]
         self.bn_weights = [self._add_bn(f"bn{i + 1}", channels[i]) for i in sorted(channels)]
         # The shortcut's own weights (Fig. 2(c)-(e)), after those of F.
-        self.shortcut_weights = {}
-        if self._shortcut.projects:
-            kernel, bias = self._add_conv("shortcut_conv", 1, c, c)
-            self.shortcut_weights["shortcut_conv/kernel"] = kernel
-            if bias is not None:
-                self.shortcut_weights["shortcut_conv/bias"] = bias
-            if self.unit not in orderings.PREACTIVATION_UNITS:
-                for kind, w in zip(_BN_KINDS, self._add_bn("shortcut_bn", c)):
-                    self.shortcut_weights[f"shortcut_bn/{kind}"] = w
-        if self._shortcut.gated:
-            kernel, _ = self._add_conv("gate", 1, c, c, use_bias=False, autocast=False,
-                                       dtype="float32")
-            self.shortcut_weights["gate/kernel"] = kernel
-            self.shortcut_weights["gate/bias"] = self.add_weight(
-                name="gate_bias", shape=(self.num_units, c), autocast=False, dtype="float32",
-                initializer=keras.initializers.Constant(self.gate_bias_init))
+        self.shortcut_weights = self._shortcut.stack_weights(
+            self._add_conv, self._add_bn, self.add_weight, c,
+            preactivation=self.unit in orderings.PREACTIVATION_UNITS)
 
     # ------------------------------------------------------------------- call
     def _addition(self, loop, training):
@@ -253,24 +239,9 @@ class ResidualStack(keras.layers.Layer):
         def apply(j, unit_weights, x, f, training):
             w = dict(zip(names, unit_weights))
             moments = []
-            project = gate = uniform = None
-            if shortcut.projects:
-                def project(t):
-                    h = loop.conv(t, w["shortcut_conv/kernel"])
-                    if "shortcut_conv/bias" in w:
-                        h = h + w["shortcut_conv/bias"]
-                    if has_bn:
-                        h, m = fused_batch_norm(
-                            h, w["shortcut_bn/gamma"], w["shortcut_bn/beta"],
-                            w.get("shortcut_bn/moving_mean"),
-                            w.get("shortcut_bn/moving_variance"), epsilon, training)
-                        if training:
-                            moments.append(m)
-                    return h
-            if shortcut.gated:
-                def gate(t):
-                    z = loop.conv(ops.cast(t, "float32"), w["gate/kernel"])
-                    return ops.sigmoid(z + w["gate/bias"])
+            project = shortcut.unit_project(w, loop.conv, epsilon, training, moments)
+            gate = shortcut.unit_gate(w, loop.conv)
+            uniform = None
             if seed is not None:
                 uniform = shortcuts.seeded_uniform(
                     seed + ops.cast(ops.stack([j, 0]), seed.dtype))

@@ -253,35 +253,21 @@ class ResidualUnit(keras.layers.Layer):
         if self.after_addition_bn is not None:
             ordered.append(self.after_addition_bn)
 
-        # The shortcut h(x): options A / B when the shape changes, Fig. 2(e).
+        # The shortcut h(x) (Fig. 2; options A / B when the shape changes),
+        # its sub-layers made by the shortcut (attribute order: weight paths).
         changes_shape = self.strides != 1 or in_channels != self.filters
         self._changes_shape = changes_shape
-        self.projection = self.projection_bn = self.zero_pad = None
-        if self.has_shortcut and (self._shortcut.projects or (
-                changes_shape and self.dimension_shortcut == "B")):
-            self.projection = self._conv(self.filters, 1, self.strides, "shortcut_conv")
-            self.projection.build(shape)
-            ordered.append(self.projection)
-            if not self.is_preactivation:
-                self.projection_bn = self._bn("shortcut_bn")
-                self.projection_bn.build(out_shape)
-                ordered.append(self.projection_bn)
-        elif self.has_shortcut and changes_shape:
-            self.zero_pad = shortcuts.ZeroPadShortcut(self.filters, self.strides,
-                                                      name=f"{self.name}_shortcut_pad",
-                                                      dtype=self.dtype_policy)
-            self.zero_pad.build(shape)
-            ordered.append(self.zero_pad)
-
-        # Gate g(x) = sigmoid(W_g x + b_g), a 1x1 convolution kept in float32.
-        self.gate = None
-        if self._shortcut.gated:
-            self.gate = self._conv(
-                self.filters, 1, self.strides, "gate", dtype="float32", use_bias=True,
-                activation="sigmoid",
-                bias_initializer=keras.initializers.Constant(self.gate_bias_init))
-            self.gate.build(shape)
-            ordered.append(self.gate)
+        made = self._shortcut.unit_layers(
+            self._conv, self._bn, self.filters, self.strides, changes_shape=changes_shape,
+            dimension_shortcut=self.dimension_shortcut, preactivation=self.is_preactivation,
+            name=self.name, dtype=self.dtype_policy)
+        self.projection, self.projection_bn = made["projection"], made["projection_bn"]
+        self.zero_pad, self.gate = made["zero_pad"], made["gate"]
+        for layer, layer_input in ((self.projection, shape), (self.projection_bn, out_shape),
+                                   (self.zero_pad, shape), (self.gate, shape)):
+            if layer is not None:
+                layer.build(layer_input)
+                ordered.append(layer)
         if self.post_bn is not None:
             ordered.append(self.post_bn)
         self._ordered_layers = ordered
