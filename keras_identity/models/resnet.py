@@ -316,9 +316,13 @@ def check_arguments(builder, *args, **kwargs):
         kwargs = dict(kwargs, unit="full_preactivation")
     bound = inspect.signature(resnet).bind(*args, **kwargs)
     bound.apply_defaults()
-    values = {k: v for k, v in bound.arguments.items() if k in inspect.signature(
-        _resolve_arguments).parameters}
-    _resolve_arguments(**values)
+    _resolve_arguments(**_checked(bound.arguments))
+
+
+def _checked(arguments):
+    """The builder's ``arguments`` that :func:`_resolve_arguments` checks."""
+    names = inspect.signature(_resolve_arguments).parameters
+    return {k: v for k, v in arguments.items() if k in names}
 
 
 def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity",
@@ -408,17 +412,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     Returns:
         A functional ``keras.Model``.
     """
-    a = _resolve_arguments(depth, dataset=dataset, unit=unit, shortcut=shortcut, block=block,
-                           num_classes=num_classes, input_shape=input_shape,
-                           dimension_shortcut=dimension_shortcut,
-                           shortcut_scale=shortcut_scale, scale_residual=scale_residual,
-                           gate_bias_init=gate_bias_init,
-                           shortcut_dropout_rate=shortcut_dropout_rate,
-                           stochastic_depth_rate=stochastic_depth_rate, stage_mode=stage_mode,
-                           recompute=recompute, stride_on_1x1=stride_on_1x1,
-                           classifier_activation=classifier_activation,
-                           include_top=include_top, include_preprocessing=include_preprocessing,
-                           normalization=normalization, pooling=pooling, weights=weights)
+    a = _resolve_arguments(**_checked(locals()))  # every argument it checks, by name
     block, units, family, dimension_shortcut = a.block, a.units, a.family, a.dimension_shortcut
     num_classes, input_shape, shortcut_args = a.num_classes, a.input_shape, a.shortcut_args
     stage_mode, recompute = a.stage_mode, a.recompute

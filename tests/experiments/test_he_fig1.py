@@ -61,6 +61,7 @@ def test_bad_flags_are_one_line(args, message):
     assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
 
 
+@pytest.mark.slow  # an end-to-end run of the driver (minutes): -m slow
 @default_route
 def test_runs_take_turns_and_the_report_compares_equal_lengths(tmp_path):
     rng = np.random.default_rng(0)

@@ -102,6 +102,7 @@ def fake_data(tmp_path):
     return mnist, cifar
 
 
+@pytest.mark.slow  # an end-to-end run of the driver (minutes): -m slow
 @default_route
 def test_degradation_runs_four_nets_and_reports(tmp_path, fake_data):
     _, cifar = fake_data
@@ -122,6 +123,7 @@ def test_degradation_runs_four_nets_and_reports(tmp_path, fake_data):
     assert again.returncode == 0 and ": to iteration" not in again.stdout   # nothing retrained
 
 
+@pytest.mark.slow  # an end-to-end run of the driver (minutes): -m slow
 @default_route
 def test_looks_linear_runs_and_reports(tmp_path, fake_data):
     mnist, _ = fake_data
