@@ -113,7 +113,7 @@ def main(argv):
         retrain_best=FLAGS.retrain_best, retrain_epochs=FLAGS.retrain_epochs)
     try:
         search.validate()
-        if FLAGS.model_dir is None:
+        if not FLAGS.model_dir:
             train.model_dir = os.path.join(
                 "runs", f"tune_{train.model}{train.resolved_depth or ''}_{train.dataset}")
         run_search(search)

@@ -57,7 +57,7 @@ class TrainConfig:
 
     model: str = setting("highway_net", "Builder (resnet, preact_resnet, highway_net, "
                          "plain_net) or a named configuration (e.g. preact_resnet164).")
-    depth: int = setting(None, "Depth (default: the model's usual depth for the dataset).")
+    depth: int = setting(None, "Depth (none given: the model's usual depth for the dataset).")
     # Builder arguments, passed through to the model's builder (e.g.
     # {"shortcut": "exclusive_gating", "gate_bias_init": -6.0}); on the
     # command line the model flags and --model_kwargs.
@@ -99,8 +99,8 @@ class TrainConfig:
     seed: int = setting(0, "Seed of initialisation, shuffling and augmentation.")
     deterministic: bool = setting(False, "Enable TensorFlow op determinism (with --seed: "
                                   "repeatable runs on CPU).")
-    model_dir: str = setting(None, "Output directory (default: "
-                             "runs/<model><depth>_<dataset>).")
+    model_dir: str = setting(None, "Output directory (default: a folder of runs/ named by "
+                             "model, depth and dataset).")
     keep_checkpoints: int = setting(2, "Checkpoints kept.")
     train_examples: int = setting(None, "Use a random subset of the training set.")
     test_examples: int = setting(None, "Use a random subset of the test set.")
@@ -116,7 +116,7 @@ class TrainConfig:
             raise
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if self.model_dir is None:
+        if not self.model_dir:
             self.model_dir = os.path.join(
                 "runs", f"{self.model}{self.resolved_depth or ''}_{self.dataset}")
         return self
@@ -145,8 +145,12 @@ class TrainConfig:
                                  f"trainer trains classifiers (include_top=True, no pooling).")
         for field in dataclasses.fields(self):  # the settings with a list of choices
             value = getattr(self, field.name)
-            if field.metadata.get("choices") and value is not None:
+            if field.metadata.get("choices") and (value is not None or field.default is not None):
                 _checks.check_choice(field.name, value, field.metadata["choices"])
+        if not isinstance(self.model_kwargs.get("shortcut", ""), str):
+            raise ValueError(f"model_kwargs sets shortcut={self.model_kwargs['shortcut']!r}; a "
+                             f"run's settings are JSON: give its name and arguments (e.g. "
+                             f"shortcut='exclusive_gating', gate_bias_init=-6.0).")
         registry.builder_of(self.model)
         for name in ("batch_size", "epochs", "train_steps", "stop_at_step", "steps_per_epoch",
                      "train_examples", "test_examples", "steps_per_execution"):

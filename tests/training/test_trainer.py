@@ -174,6 +174,11 @@ def test_cifar_recipe_applies_augmentation_and_per_pixel_mean(tmp_path, cifar_li
     (dict(model="highway_net", model_kwargs=dict(stage_mode="scan")),
      ["stage_mode='scan' does not apply to 'highway_net'", "resnet"]),
     (dict(model="resnet", model_kwargs=dict(depth=20)), ["model_kwargs sets 'depth'"]),
+    (dict(precision=None), ["precision=None", "'mixed_bfloat16'"]),
+    (dict(verbose=3), ["verbose=3", "0, 1, 2"]),
+    (dict(model="resnet", model_kwargs=dict(
+        shortcut=ki.layers.shortcuts.ExclusiveGating(gate_bias_init=-6.0))),
+     ["ExclusiveGating(gate_bias_init=-6.0)", "shortcut='exclusive_gating'"]),
 ])
 def test_bad_configurations(kwargs, words):
     with pytest.raises(ConfigError) as error:

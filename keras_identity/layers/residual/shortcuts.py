@@ -1,11 +1,10 @@
 """Fig. 2 (a)-(f): the shortcut h and how Eqn. (1) adds it to F; options A and B.
 
 Each shortcut of Fig. 2 / Table 1 is one class below whose docstring gives
-its equation; :func:`add` is Eqn. (1)'s addition ``h(x_l) + F(x_l)`` of one
-unit, written once for every form of the unit (the unrolled
-:class:`ResidualUnit` and each unit of a looped :class:`ResidualStack`):
-a form supplies only how to apply its weights (``project``, ``gate``) and
-its random numbers (``uniform``).
+its equation and which makes its weights for both forms of a unit (the
+unrolled :class:`ResidualUnit`, the stacked units of a :class:`ResidualStack`);
+:func:`add` is Eqn. (1)'s addition ``h(x_l) + F(x_l)`` of one unit, written
+once for both forms, each supplying its random numbers (``uniform``).
 
 ==================== ============ ========================================
 ``shortcut``         figure       y = h(x) + F(x) becomes
@@ -95,14 +94,11 @@ class Shortcut:
     # ------------------------------------------- weights, in both forms of a unit
     def unit_layers(self, make_conv, make_bn, filters, strides, *, changes_shape,
                     dimension_shortcut, preactivation, name, dtype):
-        """The sub-layers of ``h`` in one :class:`ResidualUnit` named ``name``:
-        ``{"projection", "projection_bn", "zero_pad", "gate"}``, ``None`` where
-        absent.  A 1x1 projection (``"shortcut_conv"``, with a BN after it in
-        the post-activation orderings) for Fig. 2(e) and option B; option A's
-        :class:`ZeroPadShortcut` for a unit that changes shape otherwise.
-        ``make_conv(filters, kernel_size, strides, name, **kwargs)`` and
-        ``make_bn(name)`` are the unit's own layer factories.
-        """
+        """``{"projection", "projection_bn", "zero_pad", "gate"}``: the
+        sub-layers of ``h`` in one :class:`ResidualUnit` (``None`` where
+        absent), made by the unit's ``make_conv(filters, kernel_size, strides,
+        name, **kwargs)`` and ``make_bn(name)``: a 1x1 projection (and BN in
+        orderings (a)-(c)) for Fig. 2(e) and option B, else option A."""
         layers = dict.fromkeys(("projection", "projection_bn", "zero_pad", "gate"))
         if not self.has_shortcut:
             return layers
@@ -116,13 +112,9 @@ class Shortcut:
         return layers
 
     def stack_weights(self, add_conv, add_bn, add_weight, channels, preactivation):
-        """The weights of ``h`` in a :class:`ResidualStack` (its units keep
-        their shape): ``{name: variable}`` stacked over the units, names as
-        the unit's sub-layers' (``"shortcut_conv/kernel"``, ...).
-        ``add_conv(name, kernel_size, cin, cout, use_bias=None, **kwargs)``
-        returns a stacked (kernel, bias or None), ``add_bn(name, channels)``
-        a stacked BN's four weights, ``add_weight`` is the stack's.
-        """
+        """``{name: variable}``: the weights of ``h`` in a :class:`ResidualStack`,
+        stacked over its units and named as the unit's (``"gate/kernel"``),
+        made by the stack's ``add_conv``, ``add_bn`` and ``add_weight``."""
         weights = {}
         if self.projects:
             kernel, bias = add_conv("shortcut_conv", 1, channels, channels)
@@ -136,9 +128,8 @@ class Shortcut:
         return weights
 
     def unit_project(self, w, conv, epsilon, training, moments):
-        """Fig. 2(e)'s ``W_s x`` (with its BN) of one looped unit from its
-        slices ``w`` of :meth:`stack_weights`; appends the BN's batch moments
-        to ``moments`` in training.  ``None`` for a shortcut without one."""
+        """Fig. 2(e)'s ``W_s x`` (and BN, whose batch moments go to ``moments``)
+        of one looped unit with its slices ``w`` of :meth:`stack_weights`."""
         if not self.projects:
             return None
 
@@ -353,10 +344,6 @@ def get(shortcut, **values):
                 raise ValueError(f"{parameter}={value!r} is given beside shortcut={shortcut!r}, "
                                  f"which sets its own arguments; give it to the shortcut.")
         return shortcut
-    if not isinstance(shortcut, str):
-        raise ValueError(f"shortcut={shortcut!r} is not valid; expected one of: "
-                         f"{', '.join(repr(s) for s in SHORTCUTS)} or a Shortcut object "
-                         f"(keras_identity.layers.shortcuts).")
     _checks.check_choice("shortcut", shortcut, SHORTCUTS)
     cls = _CLASSES[SHORTCUTS.index(shortcut)]
     for parameter, value in values.items():
