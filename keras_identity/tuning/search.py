@@ -267,7 +267,7 @@ def _trial_rows(tuner, objective="val_error"):
             "train_loss": loss,
             "epochs": record.get("epochs", 0),
             "seconds": record.get("seconds", nan),
-            "note": "diverged (NaN loss)" if loss != loss else "",
+            "note": _divergence(loss),
         })
         rows.append(row)
     if rows and "gate_bias_init" in rows[0] and objective == "val_error":
@@ -275,6 +275,14 @@ def _trial_rows(tuner, objective="val_error"):
     else:
         rows.sort(key=lambda r: (bool(r["note"]), _score(r, objective), r["trial"]))
     return rows
+
+
+def _divergence(loss):
+    """The note of a trial whose last training loss is not finite (as the
+    trainer's StopOnNaN judges a run), else ''."""
+    if loss != loss:
+        return "diverged (NaN loss)"
+    return "diverged (infinite loss)" if loss in (float("inf"), float("-inf")) else ""
 
 
 def _score(row, objective):
@@ -374,7 +382,7 @@ def _plot(rows, path, title, objective="val_error"):
         ax.plot([r[x_name] for r in diverged],
                 [scale * r["val_error"] if objective == "val_error" else top
                  for r in diverged], "x", color="tab:red", markersize=9,
-                label="diverged (NaN loss)")
+                label="diverged (loss NaN or infinite)")
     ax.set_xlabel(_AXIS.get(x_name, x_name))
     ax.set_ylabel(_AXIS[objective])
     if x_name == "gate_bias_init":
