@@ -18,6 +18,13 @@ jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX backend only")
 default_route = pytest.mark.skipif(
     BACKEND != "tensorflow", reason="runs the package's programs end to end in processes "
                                     "of their own; run once, on the TensorFlow leg")
+# Tests whose outcome does not depend on the Keras backend that trained or
+# exported the model (the flags' checks of a program that needs TensorFlow, the
+# local server's handling of HTTP): they run once, on the TensorFlow leg, not
+# again in the JAX leg that has TensorFlow beside it.
+backend_neutral = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="does not depend on the Keras backend; run once, on "
+                                    "the TensorFlow leg")
 
 
 def value_and_grad(model, loss_fn, inputs, training=True, sources=None):

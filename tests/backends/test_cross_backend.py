@@ -1,6 +1,7 @@
 """TensorFlow and JAX compute the same network: a ``.keras`` file written on
 one backend loads on the other with the same outputs and gradients, for
-every Fig. 4 ordering x Fig. 2 shortcut x block, unrolled and looped.
+every Fig. 4 ordering x Fig. 2 shortcut and every block with each of them,
+unrolled and looped.
 
 Runs in the JAX leg of CI: the models are built and differentiated on JAX,
 then a TensorFlow process loads the same files and differentiates them.
@@ -18,10 +19,9 @@ from keras import ops
 
 from keras_identity.layers import ResidualStack
 from keras_identity.layers import ResidualUnit
-from keras_identity.layers.residual import SHORTCUTS
-from keras_identity.layers.residual import UNITS
 from tests.backend import jax_only
 from tests.backend import value_and_grad
+from tests.combinations import ORDERING_SHORTCUT_BLOCK
 
 pytestmark = [jax_only, pytest.mark.needs_tensorflow]
 
@@ -30,8 +30,7 @@ SHORTCUT_ARGS = {
     "exclusive_gating": dict(gate_bias_init=-1.0),
     "shortcut_only_gating": dict(gate_bias_init=1.0), "conv1x1": {},
     "dropout": dict(shortcut_dropout_rate=0.3)}
-CASES = [(unit, shortcut, block) for unit in UNITS for shortcut in SHORTCUTS
-         for block in ("basic", "bottleneck", "single")]
+CASES = ORDERING_SHORTCUT_BLOCK
 
 
 def _model(unit, shortcut, block):

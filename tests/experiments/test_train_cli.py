@@ -9,6 +9,8 @@ import time
 import pytest
 
 from tests.conftest import REPO
+from tests.programs import error_lines
+from tests.programs import run_refusals
 
 
 def run_cli(module, *args, timeout=300):
@@ -16,7 +18,7 @@ def run_cli(module, *args, timeout=300):
                           capture_output=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("args, words", [
+BAD_FLAGS = [
     (["--model=resnet9"], ["model='resnet9'"]),
     (["--model=preact_resnet", "--depth=1000", "--dataset=cifar10"], ["depth=1000", "9n+2"]),
     (["--strategy=gpu"], ["--strategy=gpu", "auto|default"]),
@@ -35,14 +37,17 @@ def run_cli(module, *args, timeout=300):
      ["--model_kwargs sets 'shortcut'", "--shortcut"]),
     (["--no_such_flag=1"], ["no_such_flag"]),
     (["positional"], ["unexpected arguments"]),
-])
-def test_bad_flags_exit_non_zero_with_one_line(args, words, tmp_path):
-    result = run_cli("keras_identity_cli.train", *args, f"--model_dir={tmp_path}")
-    assert result.returncode == 2
-    lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-    assert len(lines) == 1, result.stderr[-2000:]
-    for word in words:
-        assert word in lines[0]
+]
+
+
+def test_bad_flags_exit_non_zero_with_one_line(tmp_path):
+    results = run_refusals("keras_identity_cli.train",
+                           [args + [f"--model_dir={tmp_path}"] for args, _ in BAD_FLAGS])
+    for (args, words), (code, stderr) in zip(BAD_FLAGS, results):
+        lines = error_lines(stderr)
+        assert code == 2 and len(lines) == 1, (args, stderr[-2000:])
+        for word in words:
+            assert word in lines[0], (args, lines[0])
 
 
 def test_killed_run_resumes_from_its_checkpoint(tmp_path):

@@ -9,6 +9,8 @@ import time
 
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.programs import error_lines
+from tests.programs import run_refusals
 
 
 @default_route
@@ -46,24 +48,19 @@ def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
 def test_bad_flags(tmp_path):
     # One line each; the search's own checks (ranges with the grid, max_trials,
     # objectives, gate biases of plain nets) are tested in tests/tuning.
-    result = subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", "--model=resnet",
-                             "--depth=20", "--dataset=cifar10", f"--model_dir={tmp_path}"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert "model='resnet' has no gate bias to search" in result.stderr
-    for flags, words in [
-            (["--gate_biases=a,b"], ["gate_biases=a,b"]),
-            (["--learning_rates=0.1:1:2"], ["learning_rates='0.1:1:2'", "low:high"]),
-            (["--gate_biases="], ["gate_biases is empty"]),
-            (["--depth=10", "--depths=10,20"], ["--depth and --depths are exclusive"]),
-            (["--tuner=hyperband", "--max_trials=3"], ["--max_trials does not apply"]),
-            (["--retrain_epochs=3"], ["--retrain_epochs applies with --retrain_best"])]:
-        result = subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", *flags,
-                                 f"--model_dir={tmp_path}"],
-                                cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert result.returncode != 0, flags
-        lines = [line for line in result.stderr.splitlines() if "error" in line.lower()
-                 and "oneDNN" not in line]
-        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    cases = [
+        (["--model=resnet", "--depth=20", "--dataset=cifar10"],
+         ["model='resnet' has no gate bias to search"]),
+        (["--gate_biases=a,b"], ["gate_biases=a,b"]),
+        (["--learning_rates=0.1:1:2"], ["learning_rates='0.1:1:2'", "low:high"]),
+        (["--gate_biases="], ["gate_biases is empty"]),
+        (["--depth=10", "--depths=10,20"], ["--depth and --depths are exclusive"]),
+        (["--tuner=hyperband", "--max_trials=3"], ["--max_trials does not apply"]),
+        (["--retrain_epochs=3"], ["--retrain_epochs applies with --retrain_best"])]
+    results = run_refusals("keras_identity_cli.tune",
+                           [flags + [f"--model_dir={tmp_path}"] for flags, _ in cases])
+    for (flags, words), (code, stderr) in zip(cases, results):
+        lines = error_lines(stderr)
+        assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, (flags, stderr)
         for word in words:
             assert word in lines[0], (flags, lines[0])

@@ -18,6 +18,7 @@ pytest.importorskip("tensorflow")  # SavedModels: TensorFlow on every backend
 from keras_identity.serving.warmup import encode_png  # noqa: E402
 from keras_identity.training import TrainConfig  # noqa: E402
 from keras_identity.training import train  # noqa: E402
+from tests.backend import backend_neutral  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 pytestmark = pytest.mark.needs_tensorflow
@@ -61,6 +62,7 @@ def test_export_cli_writes_numbered_versions(trained_run, tmp_path):
     (["--model_path=/no/model.keras", "--export_dir=/tmp/x"], "does not exist"),
     (["--export_dir=/tmp/x"], "--model_path"),
 ])
+@backend_neutral
 def test_export_cli_bad_flags(args, message):
     result = run_module("export.export_saved_model", *args)
     assert result.returncode != 0
@@ -145,6 +147,7 @@ def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_p
                                  crop=40)
 
 
+@backend_neutral
 def test_eval_resize_alone_applies_to_a_fixed_size_model_without_preprocessing_file(tmp_path):
     import keras_identity as ki
 
@@ -156,6 +159,7 @@ def test_eval_resize_alone_applies_to_a_fixed_size_model_without_preprocessing_f
                                  crop=32)
 
 
+@backend_neutral
 def test_image_size_contradicting_the_preprocessing_file_is_refused(tmp_path):
     import keras_identity as ki
     from keras_identity.data import Normalization
@@ -183,6 +187,7 @@ def test_image_size_contradicting_the_preprocessing_file_is_refused(tmp_path):
     (["--eval_resize=16"], "--eval_resize=16 is not valid; expected an integer >= the served "
                            "image height 32"),
 ])
+@backend_neutral
 def test_image_size_flags_that_do_not_apply_are_refused(trained_run, tmp_path, args, message):
     result = run_module("export.export_saved_model",
                         f"--model_path={trained_run / 'r8' / 'model.keras'}",
@@ -264,6 +269,7 @@ def _export(trained_run, *args):
     return run_module("export.export_saved_model", *args)
 
 
+@backend_neutral
 def test_unreadable_model_files_are_named(trained_run, tmp_path):
     truncated = tmp_path / "cut.keras"
     truncated.write_bytes((trained_run / "r8" / "model.keras").read_bytes()[:5000])
@@ -283,6 +289,7 @@ def test_unreadable_model_files_are_named(trained_run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@backend_neutral
 def test_preprocessing_of_another_dataset_is_refused(trained_run, tmp_path):
     from keras_identity.data import Normalization
     from keras_identity.data import save_preprocessing
@@ -306,6 +313,7 @@ def test_preprocessing_of_another_dataset_is_refused(trained_run, tmp_path):
     assert "normalises its inputs itself: pass no preprocessing" in result.stderr
 
 
+@backend_neutral
 def test_a_failed_export_leaves_no_version_directory(trained_run, tmp_path, monkeypatch):
     import keras
 
@@ -326,8 +334,9 @@ def test_a_failed_export_leaves_no_version_directory(trained_run, tmp_path, monk
 
 # --- the local server holds load and answers every request (issue 20: 11) -----
 
-@pytest.fixture
-def local_server(trained_run, tmp_path):
+@pytest.fixture(scope="module")
+def local_server(trained_run):
+    """One server for the module's requests (each test leaves it serving)."""
     base = trained_run / "serving" / "r8"
     if not base.exists():
         run_module("export.export_saved_model",
@@ -365,6 +374,7 @@ def _raw(port, data, timeout=10, close_after=False):
     return answer.decode(errors="replace")
 
 
+@backend_neutral
 def test_two_hundred_concurrent_clients_get_answers(local_server):
     import concurrent.futures
 
@@ -401,6 +411,7 @@ def test_two_hundred_concurrent_clients_get_answers(local_server):
      b'{"signature_name": "serving_uint8", "instances": [[[[300, -1, 5]]]]}          ',
      ["400"]),
 ])
+@backend_neutral
 def test_malformed_requests_get_400_not_a_dropped_connection(local_server, request_bytes,
                                                                words):
     port, _, _ = local_server
@@ -409,6 +420,7 @@ def test_malformed_requests_get_400_not_a_dropped_connection(local_server, reque
         assert word in answer, answer[:500]
 
 
+@backend_neutral
 def test_a_body_cut_short_is_400_and_a_zero_padded_version_is_the_served_one(local_server):
     port, url, _ = local_server
     answer = _raw(port, b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: 500\r\n\r\n"
@@ -449,6 +461,7 @@ def _slow_client(port, seconds_per_byte=0.2, limit=30.0):
 
 
 @pytest.mark.parametrize("slow", [6, 50])
+@backend_neutral
 def test_slow_clients_neither_starve_others_nor_outstay_the_deadline(local_server, slow):
     import concurrent.futures
 
@@ -483,6 +496,7 @@ def test_slow_clients_neither_starve_others_nor_outstay_the_deadline(local_serve
     ("POST", "/v2/foo", 404, "Malformed request: POST /v2/foo"),
     ("GET", "/v1/models/r8/versions/{served}", 200, "AVAILABLE"),
 ])
+@backend_neutral
 def test_unknown_models_and_versions_in_tf_servings_words(local_server, method, path, code,
                                                           message):
     port, url, _ = local_server
@@ -495,6 +509,7 @@ def test_unknown_models_and_versions_in_tf_servings_words(local_server, method, 
     assert answer.startswith(f"HTTP/1.0 {code}") and message in answer, answer[:300]
 
 
+@backend_neutral
 def test_deeply_nested_json_is_400(local_server):
     port, _, _ = local_server
     body = b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
@@ -503,6 +518,7 @@ def test_deeply_nested_json_is_400(local_server):
     assert answer.startswith("HTTP/1.0 400") and "nests too deeply" in answer, answer[:300]
 
 
+@backend_neutral
 def test_bad_version_directory_and_port_in_use_are_one_line(local_server, tmp_path):
     port, _, base = local_server
     broken = tmp_path / "broken"

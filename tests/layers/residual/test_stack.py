@@ -17,6 +17,9 @@ from tests.backend import jax_only
 from tests.backend import mse
 from tests.backend import tensorflow_only
 from tests.backend import value_and_grad
+from tests.combinations import BLOCKS
+from tests.combinations import ORDERING_SHORTCUT_BLOCK
+from tests.combinations import pairs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
@@ -98,13 +101,17 @@ def _assert_equal_forms(unrolled, looped, stack, x, target):
                                        err_msg=f"unit {j} {name}")
 
 
-@pytest.mark.parametrize("shortcut", SHORTCUTS)
-@pytest.mark.parametrize("unit", UNITS)
-@pytest.mark.parametrize("block", ["basic", "bottleneck", "single"])
-def test_every_shortcut_ordering_and_block_equals_unrolled(shortcut, unit, block):
-    """Each Fig. 2 shortcut x Fig. 4 ordering x block: outputs, gradients
-    (stacked weights unit by unit, incl. gates and 1x1 shortcuts) and BN
-    moving statistics of the loop equal those of the unrolled units."""
+def test_the_cases_meet_every_pair_of_ordering_shortcut_and_block():
+    every = [(u, s, b) for u in UNITS for s in SHORTCUTS for b in BLOCKS]
+    assert pairs(ORDERING_SHORTCUT_BLOCK) == pairs(every)
+
+
+@pytest.mark.parametrize("unit, shortcut, block", ORDERING_SHORTCUT_BLOCK)
+def test_every_shortcut_ordering_and_block_equals_unrolled(unit, shortcut, block):
+    """Each Fig. 2 shortcut x Fig. 4 ordering, and each block with each of
+    them: outputs, gradients (stacked weights unit by unit, incl. gates and
+    1x1 shortcuts) and BN moving statistics of the loop equal those of the
+    unrolled units."""
     filters = 16 if block == "bottleneck" else 4
     unrolled, looped, stack = _pair(unit, block, num_units=2, filters=filters,
                                     shortcut=shortcut, size=4)

@@ -1,0 +1,48 @@
+"""Runs a command-line program's refusals as a user meets them, many in one
+process: the program's ``run()`` (the console command) is called once per
+argument list, its flags reset to their defaults between calls (absl re-parses
+them on each run), and each call's exit code and standard error are kept.
+One interpreter start (TensorFlow or JAX imported once) instead of one per
+case; what each case prints and how it exits are the program's own."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+_DRIVER = r"""
+import contextlib, importlib, io, json, sys
+from absl import flags
+module = importlib.import_module(sys.argv[1])
+results = []
+for args in json.loads(sys.argv[2]):
+    flags.FLAGS.unparse_flags()
+    stderr = io.StringIO()
+    code = 0
+    sys.argv = [sys.argv[0]] + args
+    with contextlib.redirect_stderr(stderr):
+        try:
+            module.run()
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    results.append([code, stderr.getvalue()])
+print("\nRESULTS " + json.dumps(results))
+"""
+
+
+def run_refusals(module, cases, env=None, timeout=600):
+    """``[(exit code, stderr), ...]``: ``module``'s ``run()`` with each list of
+    arguments of ``cases``, in one fresh process (cwd: the repository)."""
+    result = subprocess.run([sys.executable, "-c", _DRIVER, module, json.dumps(cases)],
+                            cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                            env=dict(os.environ, **(env or {})))
+    lines = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
+    assert result.returncode == 0 and lines, result.stderr[-3000:]
+    return [tuple(r) for r in json.loads(lines[-1][len("RESULTS "):])]
+
+
+def error_lines(stderr):
+    """The ``error: ...`` lines a program printed."""
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
