@@ -190,31 +190,16 @@ def config_from_flags(**values):
 
 # ------------------------------------------------------------- model flags
 def define_model_flags():
-    """Defines the flags that set builder arguments (``registry.MODEL_FLAGS``)
-    and ``--model_kwargs``, with the choices the library accepts."""
-    from keras_identity import layers
-    from keras_identity.models import STAGE_MODES
+    """Defines the flags that set builder arguments, from their one
+    declaration (``registry.MODEL_FLAGS``), and ``--model_kwargs``."""
+    from keras_identity.models import registry
 
-    flags.DEFINE_enum("unit", None, list(layers.UNITS), "Residual unit ordering (Fig. 4).")
-    flags.DEFINE_enum("shortcut", None, list(layers.SHORTCUTS),
-                      "Shortcut (Fig. 2).")
-    flags.DEFINE_enum("block", None, list(layers.BLOCKS), "Residual block.")
-    flags.DEFINE_float("gate_bias_init", None, "Initial gate bias: b_g of gated shortcuts, "
-                       "b_T of highway layers.")
-    flags.DEFINE_float("shortcut_scale", None, "lambda of --shortcut=constant_scaling (0: "
-                       "a plain net).")
-    flags.DEFINE_bool("scale_residual", None, "With constant_scaling, scale F by 1 - lambda "
-                      "(Table 1's frozen gating).")
-    flags.DEFINE_float("shortcut_dropout_rate", None, "Drop rate of --shortcut=dropout.")
-    flags.DEFINE_float("stochastic_depth_rate", None, "Stochastic depth rate of the last "
-                       "unit.")
-    flags.DEFINE_enum("stage_mode", None, list(STAGE_MODES), "ResNet stages as one layer "
-                      "per unit (unrolled) or one looped layer (scan: start-up flat in "
-                      "depth); default auto, which loops stages of 12+ units.")
-    flags.DEFINE_enum("recompute", None, list(layers.RECOMPUTE), "What the looped units "
-                      "compute again in the backward pass instead of keeping: nothing, the "
-                      "BN-ReLU outputs (half the activation memory) or all but each unit's "
-                      "input (e.g. ResNet-1001 at batch 128).")
+    define = {float: flags.DEFINE_float, bool: flags.DEFINE_bool}
+    for name, (kind, choices, help_text) in registry.MODEL_FLAGS.items():
+        if choices is not None:
+            flags.DEFINE_enum(name, None, list(choices), help_text)
+        else:
+            define[kind](name, None, help_text)
     flags.DEFINE_string("model_kwargs", None, "Other builder arguments as JSON, e.g. "
                         "'{\"dimension_shortcut\": \"B\"}' (see the builder's docstring).")
 

@@ -1,10 +1,10 @@
 """The cases of the tests that compare two forms of a network (looped against
 unrolled, TensorFlow against JAX) over the papers' variants."""
 
-from keras_identity.layers.residual import SHORTCUTS
-from keras_identity.layers.residual import UNITS
+from keras_identity.layers import BLOCKS
+from keras_identity.layers import SHORTCUTS
+from keras_identity.layers import UNITS
 
-BLOCKS = ("basic", "bottleneck", "single")
 # Every Fig. 4 ordering with every Fig. 2 shortcut, the block turning with
 # both, so that each (ordering, block) and (shortcut, block) pair is met as
 # well: 30 cases that meet every pair of the 90 combinations.

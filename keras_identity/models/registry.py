@@ -10,11 +10,16 @@ import dataclasses
 import inspect
 
 from keras_identity.data.facts import DATASETS
+from keras_identity.layers import BLOCKS
+from keras_identity.layers import RECOMPUTE
+from keras_identity.layers import SHORTCUTS
+from keras_identity.layers import UNITS
 from keras_identity.models.highway_net import highway_net
 from keras_identity.models.highway_net import plain_net
 from keras_identity.models.resnet import check_arguments
 from keras_identity.models.resnet import preact_resnet
 from keras_identity.models.resnet import resnet
+from keras_identity.models.stage import STAGE_MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,11 +192,30 @@ def check_model_kwargs(name, depth=None, dataset=None, **kwargs):
     return builder, arguments
 
 
-# Command-line flags that set builder arguments, and the argument each sets
-# where a builder names it otherwise (the highway paper's b_T).
-MODEL_FLAGS = ("unit", "shortcut", "block", "gate_bias_init", "shortcut_scale",
-               "scale_residual", "shortcut_dropout_rate", "stochastic_depth_rate",
-               "stage_mode", "recompute")
+# The command-line flags that set builder arguments, declared here once:
+# name -> (type, choices, help); the programs define them from this table.
+MODEL_FLAGS = {
+    "unit": (str, UNITS, "Residual unit ordering (Fig. 4)."),
+    "shortcut": (str, SHORTCUTS, "Shortcut (Fig. 2)."),
+    "block": (str, BLOCKS, "Residual block."),
+    "gate_bias_init": (float, None, "Initial gate bias: b_g of gated shortcuts, b_T of "
+                                    "highway layers."),
+    "shortcut_scale": (float, None, "lambda of --shortcut=constant_scaling (0: a plain "
+                                    "net)."),
+    "scale_residual": (bool, None, "With constant_scaling, scale F by 1 - lambda (Table 1's "
+                                   "frozen gating)."),
+    "shortcut_dropout_rate": (float, None, "Drop rate of --shortcut=dropout."),
+    "stochastic_depth_rate": (float, None, "Stochastic depth rate of the last unit."),
+    "stage_mode": (str, STAGE_MODES, "ResNet stages as one layer per unit (unrolled) or one "
+                                     "looped layer (scan: start-up flat in depth); default "
+                                     "auto, which loops stages of 12+ units."),
+    "recompute": (str, RECOMPUTE, "What the looped units compute again in the backward pass "
+                                  "instead of keeping: nothing, the BN-ReLU outputs (half the "
+                                  "activation memory) or all but each unit's input (e.g. "
+                                  "ResNet-1001 at batch 128)."),
+}
+# The argument a flag sets where a builder names it otherwise (the highway
+# paper's b_T).
 _FLAG_ARGUMENTS = {("highway_net", "gate_bias_init"): "transform_bias_init"}
 
 

@@ -46,3 +46,23 @@ def test_every_named_model_builds_and_runs_at_a_small_input(name):
     classes = {"imagenet": 1000}.get(kind, 100 if "cifar100" in name else 10)
     assert out.shape == (2, classes)
     assert np.all(np.isfinite(out)) and out.sum(axis=1) == pytest.approx([1.0, 1.0], abs=1e-4)
+
+
+def test_each_model_flag_is_declared_once_as_a_builder_argument():
+    """registry.MODEL_FLAGS is the flags' one declaration: each names an
+    argument of a builder (or the one it maps to), with its type and the
+    choices that builder accepts."""
+    import inspect
+
+    from keras_identity.models import registry
+
+    parameters = {}
+    for builder in registry.BUILDERS.values():
+        for name, parameter in inspect.signature(builder.function).parameters.items():
+            parameters.setdefault(name, parameter)
+    for flag, (kind, choices, help_text) in registry.MODEL_FLAGS.items():
+        assert flag in parameters and help_text.endswith("."), flag
+        assert choices is None or kind is str
+    assert registry.MODEL_FLAGS["recompute"][1] == ki.layers.RECOMPUTE
+    assert registry.kwargs_from_flags("highway_net", gate_bias_init=-2.0) == {
+        "transform_bias_init": -2.0}
