@@ -46,8 +46,9 @@ SHORTENED = {
                             "--batch_size=64", "--max_trials=2", "--verbose=0"],
     "keras-identity-export": [],
 }
-# A training command that names a depth trains at this one here (building
-# ResNet-164 and -1001 is tested in tests/models).
+# A training or tuning command that names a depth runs at this one here
+# (building ResNet-164 and -1001 and highway nets of 100 layers is tested in
+# tests/models).
 SHALLOW = "--depth=20"
 PYTHON_SUBSTITUTIONS = [
     ('ki.data.load_dataset("cifar100")', 'ki.data.load_dataset("cifar100", data_dir=TINY_CIFAR100)'),
@@ -118,7 +119,7 @@ def test_readme_commands_run(tmp_path, shared_dir):
         command = command.replace("../shared", shared_dir)
         args = shlex.split(command)
         args += SHORTENED[args[0]]
-        if args[0] == "keras-identity-train" and any(a.startswith("--depth=") for a in args):
+        if any(a.startswith("--depth=") for a in args):
             args.append(SHALLOW)
         result = subprocess.run(args, cwd=tmp_path, env=env, text=True, capture_output=True,
                                 timeout=600)
