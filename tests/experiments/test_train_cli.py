@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from tests.conftest import REPO
 from tests.programs import error_lines

@@ -113,11 +113,38 @@ def test_two_processes_train_as_one_process_over_two_devices(tmp_path):
 
 @jax_only
 def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
-    procs = _start_pair(tmp_path / "run", ["--train_steps=3000", "--steps_per_epoch=1000"])
-    time.sleep(25)  # both are connected and training (or compiling)
+    import threading
+
+    port = _port()
+    err_path = tmp_path / "process0.err"
+    with open(err_path, "w") as err_file:
+        procs = [subprocess.Popen(
+            _command(tmp_path / "run", ["--train_steps=3000", "--steps_per_epoch=1000",
+                                        f"--coordinator_address=127.0.0.1:{port}",
+                                        "--num_processes=2", f"--process_id={i}"]),
+            env=_env(), stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
+            stderr=err_file if i == 0 else subprocess.DEVNULL, text=True) for i in range(2)]
+    # Process 0 prints its model line once both processes are connected (the
+    # run's processes start together); the kill comes while they compile or
+    # train.
+    connected, lines = threading.Event(), []
+
+    def read():
+        for line in procs[0].stdout:
+            lines.append(line)
+            if line.startswith("model "):
+                connected.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert connected.wait(180), "".join(lines)[-2000:] + err_path.read_text()[-2000:]
+    time.sleep(2)
     procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
     started = time.time()
-    (rc0, out0, err0), _ = _finish(procs, timeout=150)
+    rc0 = procs[0].wait(timeout=150)
+    reader.join(10)
+    err0 = err_path.read_text()
     assert rc0 != 0
     assert time.time() - started < processes.HEARTBEAT_TIMEOUT_S + 30
     errors = [line for line in err0.splitlines() if line.startswith("error:")]
