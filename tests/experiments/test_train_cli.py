@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-
 from tests.conftest import REPO
 from tests.programs import error_lines
 from tests.programs import run_refusals
