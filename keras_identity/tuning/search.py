@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import itertools
 import json
+import math
 import os
 import time
 
@@ -280,9 +281,9 @@ def _trial_rows(tuner, objective="val_error"):
 def _divergence(loss):
     """The note of a trial whose last training loss is not finite (as the
     trainer's StopOnNaN judges a run), else ''."""
-    if loss != loss:
+    if math.isnan(loss):
         return "diverged (NaN loss)"
-    return "diverged (infinite loss)" if loss in (float("inf"), float("-inf")) else ""
+    return "diverged (infinite loss)" if math.isinf(loss) else ""
 
 
 def _score(row, objective):
