@@ -21,13 +21,14 @@ backward pass is set by ``recompute`` through rematerialisation
 * ``"unit"``: only each unit's input is kept and the backward pass runs
   the whole unit forward again.
 
-On CPUs the body's convolutions are :func:`conv`, whose two gradient
-convolutions are written as forward convolutions in XLA:CPU's fast layout
-(NHWC input, HWIO kernel) around explicit transposes.  The gradient
-convolutions JAX derives get other layouts inside a loop body, which XLA:CPU
-compiles on its unoptimised fallback ("Falling back to unoptimized
-convolution", jax-ml/jax#12868): a looped ResNet-110 then trains at a
-twentieth of the unrolled net's speed.  Elsewhere (GPU, TPU) the convolutions
+On CPUs the body's convolutions are :func:`conv`, whose gradients are
+written out: the input's gradient as a forward convolution in XLA:CPU's fast
+layout (NHWC input, HWIO kernel), the kernel's as one matrix product per
+kernel offset, and 1x1 convolutions as matrix products throughout.  The
+gradient convolutions JAX derives get other layouts inside a loop body,
+which XLA:CPU compiles on its unoptimised fallback ("Falling back to
+unoptimized convolution", jax-ml/jax#12868): a looped ResNet-110 then
+trains at a twentieth of the unrolled net's speed.  Elsewhere (GPU, TPU) the convolutions
 and their gradients are JAX's own.
 """
 
@@ -57,9 +58,45 @@ def _same_padding(kernel):
     return [((k - 1) // 2, k // 2) for k in kernel.shape[:2]]
 
 
+def _dot_1x1(x, kernel):
+    """A 1x1 convolution as the matrix product it is."""
+    return jax.lax.dot_general(x, kernel[0, 0], (((3,), (0,)), ((), ())))
+
+
+def _forward(x, kernel, padding):
+    if kernel.shape[:2] == (1, 1):
+        return _dot_1x1(x, kernel)
+    return _conv_nhwc(x, kernel, padding)
+
+
+def _kernel_gradient(x, dy, pads, kernel_shape):
+    """dL/dk[a, b] = sum_{n,h,w} x_pad[n, h + a, w + b]^T dy[n, h, w]: one
+    matrix product per kernel offset (a, b) over all examples and pixels.
+
+    ``x_pad`` and ``dy`` (zero-padded to ``x_pad``'s height and width) are
+    flattened to rows of channels; the pixel (h + a, w + b) of ``x_pad`` is
+    then row ``a * width + b`` after the row of dy's pixel (h, w), so each
+    offset multiplies a shifted slice of the flattened ``x_pad`` with dy.
+    The rows shifted past an image's edge meet only dy's zero padding.
+    XLA:CPU runs these products several times faster than the weight
+    gradient written as one convolution (whose kernel is dy).
+    """
+    kh, kw = kernel_shape[:2]
+    padded = jnp.pad(x, [(0, 0), *pads, (0, 0)])
+    n, height, width, channels = padded.shape
+    rows = jnp.reshape(padded, (n * height * width, channels))
+    dy = jnp.pad(dy, [(0, 0), (0, height - dy.shape[1]), (0, width - dy.shape[2]), (0, 0)])
+    dy = jnp.reshape(dy, (n * height * width, dy.shape[-1]))
+    count = rows.shape[0] - (kh - 1) * width - (kw - 1)
+    dk = [jax.lax.dot_general(rows[a * width + b:a * width + b + count], dy[:count],
+                              (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+          for a in range(kh) for b in range(kw)]
+    return jnp.reshape(jnp.stack(dk), kernel_shape)
+
+
 @jax.custom_vjp
 def _cpu_conv(x, kernel):
-    return _conv_nhwc(x, kernel, _same_padding(kernel))
+    return _forward(x, kernel, _same_padding(kernel))
 
 
 def _cpu_conv_forward(x, kernel):
@@ -72,15 +109,10 @@ def _cpu_conv_backward(saved, dy):
     # dL/dx: dy correlated with the kernel flipped in space, its two channel
     # axes swapped (HWIO with I = the output channels).
     flipped = jnp.transpose(kernel[::-1, ::-1], (0, 1, 3, 2))
-    dx = _conv_nhwc(dy, flipped, [(k - 1 - low, k - 1 - high) for k, (low, high)
-                                  in zip(kernel.shape[:2], pads)])
-    # dL/dk[a, b, i, o] = sum_{n,h,w} x_pad[n, h + a, w + b, i] dy[n, h, w, o]:
-    # a VALID convolution whose "batch" is the input channels, whose "input
-    # channels" are the examples and whose kernel is dy.
-    padded = jnp.pad(x, [(0, 0), *pads, (0, 0)])
-    dk = _conv_nhwc(jnp.transpose(padded, (3, 1, 2, 0)), jnp.transpose(dy, (1, 2, 0, 3)),
-                    "VALID")
-    return dx.astype(x.dtype), jnp.transpose(dk, (1, 2, 0, 3)).astype(kernel.dtype)
+    dx = _forward(dy, flipped, [(k - 1 - low, k - 1 - high) for k, (low, high)
+                                in zip(kernel.shape[:2], pads)])
+    dk = _kernel_gradient(x, dy, pads, kernel.shape)
+    return dx.astype(x.dtype), dk.astype(kernel.dtype)
 
 
 _cpu_conv.defvjp(_cpu_conv_forward, _cpu_conv_backward)

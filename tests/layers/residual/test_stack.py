@@ -493,18 +493,20 @@ def test_no_convolution_of_a_looped_training_step_falls_back_on_xla_cpu(tmp_path
 
 
 @jax_only
-@pytest.mark.parametrize("kernel_size", [1, 3, 5])
-def test_loop_convolution_gradients_equal_jax_autodiff(kernel_size):
-    # The loop body's convolution on CPUs writes its two gradient convolutions
-    # itself (as forward NHWC/HWIO convolutions); they equal JAX's own.
+@pytest.mark.parametrize("kernel_size,dtype", [(1, "float32"), (3, "float32"), (5, "float32"),
+                                               (3, "bfloat16")])
+def test_loop_convolution_gradients_equal_jax_autodiff(kernel_size, dtype):
+    # The loop body's convolution on CPUs writes its gradients itself (the
+    # input's as a forward NHWC/HWIO convolution, the kernel's as one matrix
+    # product per kernel offset, 1x1 convolutions as matrix products); they
+    # equal JAX's own, on a non-square image and in bfloat16 too.
     import jax
 
     from keras_identity.layers.residual import _jax_loop
 
     rng = np.random.default_rng(kernel_size)
-    x = rng.normal(size=(3, 7, 5, 4)).astype("float32")
-    kernel = rng.normal(size=(kernel_size, kernel_size, 4, 6)).astype("float32")
-    upstream = rng.normal(size=(3, 7, 5, 6)).astype("float32")
+    x, kernel, upstream = (ops.cast(rng.normal(size=shape), dtype) for shape in
+                           [(3, 7, 5, 4), (kernel_size, kernel_size, 4, 6), (3, 7, 5, 6)])
 
     def pullback(conv):
         y, vjp = jax.vjp(conv, x, kernel)
@@ -512,6 +514,9 @@ def test_loop_convolution_gradients_equal_jax_autodiff(kernel_size):
 
     written = pullback(_jax_loop.conv)
     autodiff = pullback(lambda x, k: ops.conv(x, k, padding="same"))
+    tolerance = {"float32": 1e-4, "bfloat16": 0.25}[dtype]
     for got, expected in zip(written, autodiff):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+        assert got.dtype == expected.dtype == dtype
+        got, expected = (np.asarray(ops.cast(t, "float32")) for t in (got, expected))
+        np.testing.assert_allclose(got, expected, rtol=tolerance / 10, atol=tolerance)
         assert float(np.max(np.abs(expected))) > 1
