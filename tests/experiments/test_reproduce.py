@@ -7,6 +7,7 @@ import sys
 from experiments import claims
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.programs import error_lines
 
 
 def run(*args, module="experiments.reproduce"):
@@ -43,11 +44,11 @@ def test_highway_table1_smoke_run_writes_mean_and_std_per_width(tmp_path):
 def test_bad_flags_are_one_line():
     result = run("--widths=64", module="experiments.highway_table1")
     assert result.returncode == 2
-    assert [l for l in result.stderr.splitlines() if l.startswith("error:")] == [
+    assert error_lines(result.stderr) == [
         "error: --widths=64 is not valid; Table 1 has widths 16 and 32"]
     result = run("--claim=he_table3_1001")
     assert result.returncode == 2
-    assert [l for l in result.stderr.splitlines() if l.startswith("error:")] == [
+    assert error_lines(result.stderr) == [
         "error: --claim=he_table3_1001 has no CPU-scale command (GPU only); "
         "use --scale=paper on a GPU or TPU (expected: about 73 PFLOP: 2-10 h on one GPU, or "
         "41-124 min on a v5e chip (estimates))"]

@@ -20,6 +20,7 @@ from keras_identity.training import TrainConfig  # noqa: E402
 from keras_identity.training import train  # noqa: E402
 from tests.backend import backend_neutral  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
+from tests.programs import error_lines  # noqa: E402
 
 pytestmark = pytest.mark.needs_tensorflow
 
@@ -282,7 +283,7 @@ def test_unreadable_model_files_are_named(trained_run, tmp_path):
                          f"--export_dir={tmp_path / 'out'}",
                          f"--preprocessing={trained_run / 'r8' / 'preprocessing.json'}")
         assert result.returncode == 2
-        lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+        lines = error_lines(result.stderr)
         assert len(lines) == 1, result.stderr[-1500:]
         assert f"not a readable .keras file: {path}" in lines[0]
         assert any(word in lines[0] for word in reason.split("|"))

@@ -15,6 +15,7 @@ import pytest
 
 from keras_identity.training import processes
 from tests.backend import jax_only
+from tests.programs import error_lines
 
 
 FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=3",
@@ -147,7 +148,7 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
     err0 = err_path.read_text()
     assert rc0 != 0
     assert time.time() - started < processes.HEARTBEAT_TIMEOUT_S + 30
-    errors = [line for line in err0.splitlines() if line.startswith("error:")]
+    errors = error_lines(err0)
     assert errors and "another process of this 2-process run stopped" in errors[-1], err0[-3000:]
 
 
@@ -164,5 +165,5 @@ def test_processes_with_other_inputs_are_refused_in_one_line(tmp_path):
         for i in range(2)]
     for rc, _, err in _finish(procs, timeout=300):
         assert rc == 2
-        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        errors = error_lines(err)
         assert len(errors) == 1 and "the processes disagree on the run's inputs" in errors[0]
