@@ -28,7 +28,10 @@ kernel offset, and 1x1 convolutions as matrix products throughout.  The
 gradient convolutions JAX derives get other layouts inside a loop body,
 which XLA:CPU compiles on its unoptimised fallback ("Falling back to
 unoptimized convolution", jax-ml/jax#12868): a looped ResNet-110 then
-trains at a twentieth of the unrolled net's speed.  Elsewhere (GPU, TPU) the convolutions
+trains at a twentieth of the unrolled net's speed.  The values the CPU
+loop keeps for the backward pass are never 16-bit floats (the convolution's
+as uint16 bits, rematerialisation's in float32): XLA:CPU writes a 16-bit
+slice of the scan's stack of kept values by converting the whole stack.  Elsewhere (GPU, TPU) the convolutions
 and their gradients are JAX's own.
 """
 
@@ -99,12 +102,25 @@ def _cpu_conv(x, kernel):
     return _forward(x, kernel, _same_padding(kernel))
 
 
+def _bits(t):
+    """A 16-bit float array's bits as ``uint16``; others as they are."""
+    return jax.lax.bitcast_convert_type(t, jnp.uint16) if t.dtype.itemsize == 2 else t
+
+
+def _from_bits(t, dtype):
+    return jax.lax.bitcast_convert_type(t, dtype) if t.dtype == jnp.uint16 else t
+
+
 def _cpu_conv_forward(x, kernel):
-    return _cpu_conv(x, kernel), (x, kernel)
+    # The scan stacks these residuals, one slice per unit.  XLA:CPU writes a
+    # bfloat16 slice by converting the whole stack to float32 and back, at
+    # every unit (the looped bfloat16 ResNet-1001 spent 4.3 of its 8.4 s
+    # there); as uint16 bits the slice is written in place.
+    return _cpu_conv(x, kernel), (_bits(x), _bits(kernel))
 
 
 def _cpu_conv_backward(saved, dy):
-    x, kernel = saved
+    x, kernel = (_from_bits(t, dy.dtype) for t in saved)
     pads = _same_padding(kernel)
     # dL/dx: dy correlated with the kernel flipped in space, its two channel
     # axes swapped (HWIO with I = the output channels).
@@ -127,14 +143,27 @@ def conv(x, kernel):
     return ops.conv(x, kernel, padding="same")
 
 
+def _kept(t):
+    """A value that rematerialisation keeps for the backward pass: on CPUs
+    in float32 (exact for 16-bit floats), because XLA:CPU writes a 16-bit
+    slice of the scan's stack of kept values by converting the whole stack,
+    at every unit (see ``_cpu_conv_forward``)."""
+    return t.astype(jnp.float32) if jax.default_backend() == "cpu" else t
+
+
 def _remat(body, recompute):
     if recompute == "none":
         return body
-    if recompute == "unit":
-        return jax.checkpoint(body, prevent_cse=False,
-                              policy=jax.checkpoint_policies.nothing_saveable)
-    return jax.checkpoint(body, prevent_cse=False,
-                          policy=jax.checkpoint_policies.save_only_these_names(_BN_INPUT))
+    policy = (jax.checkpoint_policies.nothing_saveable if recompute == "unit" else
+              jax.checkpoint_policies.save_only_these_names(_BN_INPUT))
+
+    def remat_body(x, per_unit):
+        dtype = x.dtype  # the unit's input is kept as _kept makes it
+        checkpointed = jax.checkpoint(lambda kept, per_unit: body(kept.astype(dtype), per_unit),
+                                      prevent_cse=False, policy=policy)
+        return checkpointed(_kept(x), per_unit)
+
+    return remat_body
 
 
 def _scan(program, inputs, kernels, biases, bns, epsilon, addition, training, recompute):
@@ -150,10 +179,11 @@ def _scan(program, inputs, kernels, biases, bns, epsilon, addition, training, re
 
         def bn(i, t):
             if training:
-                t = checkpoint_name(t, _BN_INPUT)
-                y, m = fused_batch_norm(t, *unit_bns[i], None, None, epsilon, True)
+                dtype = t.dtype
+                y, m = fused_batch_norm(checkpoint_name(_kept(t), _BN_INPUT),
+                                        *unit_bns[i], None, None, epsilon, True)
                 moments.append(m)
-                return y
+                return y.astype(dtype)
             y, _ = fused_batch_norm(t, *unit_bns[i], epsilon, False)
             return y
 
