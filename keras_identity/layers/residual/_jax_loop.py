@@ -30,9 +30,10 @@ which XLA:CPU compiles on its unoptimised fallback ("Falling back to
 unoptimized convolution", jax-ml/jax#12868): a looped ResNet-110 then
 trains at a twentieth of the unrolled net's speed.  The values the CPU
 loop keeps for the backward pass are never 16-bit floats (the convolution's
-as uint16 bits, rematerialisation's in float32): XLA:CPU writes a 16-bit
-slice of the scan's stack of kept values by converting the whole stack.  Elsewhere (GPU, TPU) the convolutions
-and their gradients are JAX's own.
+input as uint16 bits, rematerialisation's in float32): XLA:CPU writes a
+16-bit slice of the scan's stack of kept values by converting the whole
+stack.  Elsewhere (GPU, TPU) the convolutions and their gradients are JAX's
+own.
 """
 
 import jax
@@ -92,7 +93,8 @@ def _kernel_gradient(x, dy, pads, kernel_shape):
     dy = jnp.reshape(dy, (n * height * width, dy.shape[-1]))
     count = rows.shape[0] - (kh - 1) * width - (kw - 1)
     dk = [jax.lax.dot_general(rows[a * width + b:a * width + b + count], dy[:count],
-                              (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+                              (((0,), (0,)), ((), ())),
+                              preferred_element_type=jnp.promote_types(x.dtype, jnp.float32))
           for a in range(kh) for b in range(kw)]
     return jnp.reshape(jnp.stack(dk), kernel_shape)
 
@@ -112,11 +114,13 @@ def _from_bits(t, dtype):
 
 
 def _cpu_conv_forward(x, kernel):
-    # The scan stacks these residuals, one slice per unit.  XLA:CPU writes a
-    # bfloat16 slice by converting the whole stack to float32 and back, at
-    # every unit (the looped bfloat16 ResNet-1001 spent 4.3 of its 8.4 s
-    # there); as uint16 bits the slice is written in place.
-    return _cpu_conv(x, kernel), (_bits(x), _bits(kernel))
+    # The scan stacks x, one slice per unit.  XLA:CPU writes a bfloat16
+    # slice by converting the whole stack to float32 and back, at every unit
+    # (the looped bfloat16 ResNet-1001 spent 4.3 of its 8.4 s there); as
+    # uint16 bits the slice is written in place.  The kernel is a slice of
+    # the scan's stacked weights, which JAX passes to the backward pass
+    # without stacking it again.
+    return _cpu_conv(x, kernel), (_bits(x), kernel)
 
 
 def _cpu_conv_backward(saved, dy):
@@ -144,11 +148,13 @@ def conv(x, kernel):
 
 
 def _kept(t):
-    """A value that rematerialisation keeps for the backward pass: on CPUs
-    in float32 (exact for 16-bit floats), because XLA:CPU writes a 16-bit
+    """A value that rematerialisation keeps for the backward pass: a 16-bit
+    float on CPUs in float32 (exactly), because XLA:CPU writes a 16-bit
     slice of the scan's stack of kept values by converting the whole stack,
     at every unit (see ``_cpu_conv_forward``)."""
-    return t.astype(jnp.float32) if jax.default_backend() == "cpu" else t
+    if t.dtype.itemsize == 2 and jax.default_backend() == "cpu":
+        return t.astype(jnp.float32)
+    return t
 
 
 def _remat(body, recompute):

@@ -253,7 +253,9 @@ def test_jax_loop_keeps_no_bfloat16_stack_on_cpu(block, recompute):
     # XLA:CPU writes a bfloat16 slice of a stack by converting the whole
     # stack, at every unit (time quadratic in depth: looped bfloat16
     # ResNet-1001 spent half its step there).  In mixed_bfloat16 the values
-    # the forward scan keeps for the backward pass are float32 or uint16 bits.
+    # the forward scan keeps for the backward pass are float32 or uint16 bits
+    # (the first scan of the gradient's jaxpr is the forward one; the stacked
+    # bfloat16 weights are its inputs, whose slices JAX does not stack again).
     import jax
 
     if jax.default_backend() != "cpu":
@@ -525,8 +527,8 @@ def test_no_convolution_of_a_looped_training_step_falls_back_on_xla_cpu(tmp_path
 
 
 @jax_only
-@pytest.mark.parametrize("kernel_size,dtype", [(1, "float32"), (3, "float32"), (5, "float32"),
-                                               (3, "bfloat16")])
+@pytest.mark.parametrize("kernel_size,dtype", [(1, "float32"), (2, "float32"), (3, "float32"),
+                                               (5, "float32"), (3, "bfloat16")])
 def test_loop_convolution_gradients_equal_jax_autodiff(kernel_size, dtype):
     # The loop body's convolution on CPUs writes its gradients itself (the
     # input's as a forward NHWC/HWIO convolution, the kernel's as one matrix
