@@ -124,7 +124,8 @@ def _cpu_conv_forward(x, kernel):
 
 
 def _cpu_conv_backward(saved, dy):
-    x, kernel = (_from_bits(t, dy.dtype) for t in saved)
+    x, kernel = saved
+    x = _from_bits(x, dy.dtype)
     pads = _same_padding(kernel)
     # dL/dx: dy correlated with the kernel flipped in space, its two channel
     # axes swapped (HWIO with I = the output channels).
