@@ -38,6 +38,7 @@ from absl import app
 from absl import flags
 
 from benchmarks import machine
+from keras_identity_cli import cpu_kernels
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["preact_resnet164", "preact_resnet1001"],
@@ -55,6 +56,9 @@ flags.DEFINE_list("batch_sizes", ["preact_resnet164:64", "preact_resnet1001:16"]
 flags.DEFINE_list("backends", ["tensorflow", "jax"], "Keras backends measured (each in its "
                   "own process).")
 flags.DEFINE_list("jax_modes", ["unrolled", "scan"], "Stage modes measured on JAX.")
+flags.DEFINE_list("tf_kernels", ["default"],
+                  "TensorFlow's CPU kernels, a row each: default (keras_identity's training "
+                  "choice, or TF_ENABLE_ONEDNN_OPTS where you set it), onednn, eigen.")
 flags.DEFINE_list("precisions", ["float32", "bfloat16"],
                   "float32, and bfloat16 (Keras mixed_bfloat16, PyTorch autocast; float16 "
                   "on a GPU).")
@@ -92,6 +96,8 @@ SHORTCUT_ARGS = {"identity": {}, "exclusive_gating": {"gate_bias_init": -6.0},
                  "shortcut_only_gating": {"gate_bias_init": -6.0}, "conv1x1": {},
                  "constant_scaling": {}, "dropout": {}}
 PRECISIONS = ("float32", "bfloat16")
+# --tf_kernels: the TF_ENABLE_ONEDNN_OPTS of a TensorFlow worker (None: inherited).
+TF_KERNELS = {"default": None, "onednn": "1", "eigen": "0"}
 _MATMUL_SIZE = 2048
 
 
@@ -227,8 +233,11 @@ def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup):
     first_step_s = ends[0] - start
     timed = ends[warmup:]
     images_per_s = batch * (len(timed) - 1) / (timed[-1] - timed[0])
-    return dict(params=params, build_s=build_s, first_step_s=first_step_s,
-                images_per_s=images_per_s, peak_memory_mb=_peak_rss_mb())
+    result = dict(params=params, build_s=build_s, first_step_s=first_step_s,
+                  images_per_s=images_per_s, peak_memory_mb=_peak_rss_mb())
+    if keras.backend.backend() == "tensorflow":  # the kernels its CPU ops ran
+        result["cpu_kernels"] = "oneDNN" if cpu_kernels.onednn_enabled() else "Eigen"
+    return result
 
 
 def _worker(spec):
@@ -264,11 +273,13 @@ def _measure(config):
                        if config.get("expected_params") else []), {})
     spec = ":".join([config["model"], config["shortcut"], config["mode"], str(config["batch"]),
                      config["precision"]])
+    env = {"KERAS_BACKEND": config["backend"]}
+    if TF_KERNELS.get(config.get("kernels")) is not None:
+        env[cpu_kernels.VARIABLE] = TF_KERNELS[config["kernels"]]
     return _run(config["backend"], ["-m", "benchmarks.run", f"--worker={spec}", f"--steps={FLAGS.steps}",
                  f"--warmup={FLAGS.warmup}",
                  f"--{'' if FLAGS.jit_compile else 'no'}jit_compile",
-                 f"--{'' if FLAGS.build_optimizer else 'no'}build_optimizer"],
-                {"KERAS_BACKEND": config["backend"]})
+                 f"--{'' if FLAGS.build_optimizer else 'no'}build_optimizer"], env)
 
 
 def _median(results):
@@ -326,6 +337,7 @@ def _check_flags():
     check("backends", FLAGS.backends, ("tensorflow", "jax"))
     check("shortcuts", FLAGS.shortcuts, SHORTCUT_ARGS)
     check("precisions", FLAGS.precisions, PRECISIONS)
+    check("tf_kernels", FLAGS.tf_kernels, TF_KERNELS)
     if FLAGS.steps < 2:
         raise ValueError(f"--steps={FLAGS.steps} is not valid; expected at least 2.")
     if FLAGS.repeats < 1:
@@ -341,8 +353,9 @@ def _configs(model, depth, batch):
         if "tensorflow" in FLAGS.backends:
             for shortcut in FLAGS.shortcuts:
                 for mode in FLAGS.modes if shortcut == "identity" else FLAGS.shortcut_modes:
-                    rows.append(dict(common, backend="tensorflow", shortcut=shortcut,
-                                     mode=mode))
+                    for kernels in FLAGS.tf_kernels:
+                        rows.append(dict(common, backend="tensorflow", shortcut=shortcut,
+                                         mode=mode, kernels=kernels))
         if "jax" in FLAGS.backends and "identity" in FLAGS.shortcuts:
             for mode in FLAGS.jax_modes:
                 rows.append(dict(common, backend="jax", shortcut="identity", mode=mode))
@@ -414,6 +427,7 @@ def main(argv):
     if "jax" in FLAGS.backends and importlib.util.find_spec("jax") is None:
         sys.exit("benchmarks.run: JAX is not installed; pip install -e \".[jax]\" or pass "
                  "--backends=tensorflow.")
+    cpu_kernels.choose("training")  # as the workers, which import keras_identity, do
     description = machine.describe()
     print(f"Benchmark on {description}", flush=True)
     measured = _run("peak", ["-m", "benchmarks.run", "--worker=peak"], {}).get("tflops")
@@ -424,7 +438,7 @@ def main(argv):
 
     columns = [("model", "model", "{}"), ("backend", "backend", "{}"),
                ("shortcut", "shortcut", "{}"), ("mode", "mode", "{}"),
-               ("precision", "precision", "{}"), ("batch", "batch", "{}"),
+               ("cpu_kernels", "TF kernels", "{}"), ("precision", "precision", "{}"), ("batch", "batch", "{}"),
                ("params", "params", "{:,d}"), ("build_s", "build (s)", "{:.1f}"),
                ("first_step_s", "first step (s)", "{:.1f}"),
                ("first_step_vs_identity_scan", "first step / TF identity scan", "{:.2f}"),

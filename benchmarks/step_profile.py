@@ -4,8 +4,10 @@ For one model and batch it measures, in the same run:
 
 * the whole training step (``model.fit``'s, SGD with momentum) of the
   TensorFlow looped net, images/s as :mod:`benchmarks.run` measures it;
-* its forward and backward pass without the optimizer's update (a
-  ``tf.GradientTape`` step in a ``tf.function``), and its forward pass alone;
+* the same work as a ``tf.GradientTape`` step with the optimizer's update
+  (what ``fit`` adds: the loss and metric trackers, the data iterator, the
+  distribution wrapper), its forward and backward pass without the update,
+  the update alone and the forward pass (the parts timed in turn);
 * the convolutions alone: every convolution of the net (forward, gradient
   of the input, gradient of the kernel) timed on its own shape and summed
   over the net, on TensorFlow and, in a worker that imports PyTorch alone, on
@@ -111,8 +113,10 @@ def _tensorflow_convolutions(shapes, repeats):
 
 
 def _keras_parts(depth, batch, repeats):
-    """Seconds per step of the TensorFlow looped net: the whole ``fit`` step,
-    forward + backward without the update, the forward pass."""
+    """Seconds per step of the TensorFlow looped net, the parts timed in turn
+    (A B C D A B C D ...; medians): the whole ``fit`` step, the same work in
+    a ``tf.GradientTape`` step with the optimizer's update, forward +
+    backward without it, the update alone and the forward pass."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -121,13 +125,14 @@ def _keras_parts(depth, batch, repeats):
 
     keras.utils.set_random_seed(0)
     model = ki.models.preact_resnet(depth, stage_mode="scan")
-    model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
-                  loss="sparse_categorical_crossentropy")
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    model.compile(optimizer, loss="sparse_categorical_crossentropy")
     ki.training.build_optimizer(model)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(batch, 32, 32, 3)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, size=(batch,)))
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    zeros = [tf.zeros_like(v) for v in model.trainable_variables]
 
     @tf.function
     def forward():
@@ -140,16 +145,36 @@ def _keras_parts(depth, batch, repeats):
         grads = tape.gradient(loss, model.trainable_variables)
         return loss + tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])
 
+    @tf.function
+    def tape_step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                        model.trainable_variables)
+        return loss
+
+    @tf.function
+    def update():
+        optimizer.apply(zeros, model.trainable_variables)
+        return tf.constant(0.0)
+
     model.make_train_function()
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     iterator = iter(data)
-
-    def train_step():
-        float(model.train_function(iterator)["loss"])
-
-    return dict(step_s=_time(train_step, repeats),
-                forward_backward_s=_time(lambda: float(forward_backward()), repeats),
-                forward_s=_time(lambda: float(forward()), repeats))
+    parts = dict(step_s=lambda: float(model.train_function(iterator)["loss"]),
+                 tape_step_s=lambda: float(tape_step()),
+                 forward_backward_s=lambda: float(forward_backward()),
+                 update_s=lambda: float(update()), forward_s=lambda: float(forward()))
+    for fn in parts.values():
+        fn()
+        fn()
+    times = {name: [] for name in parts}
+    for _ in range(repeats):
+        for name, fn in parts.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _torch_convolutions(shapes, repeats):
@@ -208,8 +233,10 @@ def main(argv):
         dict(part="training step (TensorFlow looped, fit)", s=step),
         dict(part="forward + backward, no update", s=parts["forward_backward_s"]),
         dict(part="forward", s=parts["forward_s"]),
-        dict(part="optimizer update (step - forward + backward)",
-             s=step - parts["forward_backward_s"]),
+        dict(part="optimizer update alone (SGD with momentum)", s=parts["update_s"]),
+        dict(part="GradientTape step: forward + backward + update", s=parts["tape_step_s"]),
+        dict(part="fit's own work (step - GradientTape step)",
+             s=step - parts["tape_step_s"]),
         dict(part="convolutions alone, TensorFlow", s=parts["tf_convolutions_s"]),
         dict(part="everything else: BN, ReLU, additions, loop, update",
              s=step - parts["tf_convolutions_s"]),

@@ -27,6 +27,13 @@ if ("keras" not in _sys.modules and not _os.environ.get("KERAS_BACKEND")
         and _importlib_util.find_spec("jax") is not None):
     _os.environ["KERAS_BACKEND"] = "jax"
 
+# TensorFlow's CPU kernels are chosen before TensorFlow is imported (it reads
+# TF_ENABLE_ONEDNN_OPTS once): oneDNN for training, unless the user set the
+# variable or a program chose for its own path first (keras_identity_cli.cpu_kernels).
+from keras_identity_cli import cpu_kernels as _cpu_kernels  # noqa: E402
+
+_cpu_kernels.choose("training")
+
 # Keras first, so that its backend (JAX, or PyTorch) loads before TensorFlow.
 import keras  # noqa: E402
 

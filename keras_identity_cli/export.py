@@ -21,6 +21,11 @@ import os
 from absl import flags
 
 from keras_identity_cli import _common as _cli
+from keras_identity_cli import cpu_kernels
+
+# Before TensorFlow is imported: oneDNN's BN-fused convolutions are slow at
+# small batches on AVX2 CPUs, where TensorFlow's own choice is Eigen.
+cpu_kernels.choose("inference")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_path", None, "The .keras model (e.g. runs/pre164/model.keras).")
@@ -102,6 +107,9 @@ def main(argv):
     emulator = ServingEmulator(version_dir)
     replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
     print(f"inputs: {input_description(model, preprocessing)}")
+    kernels = cpu_kernels.describe()
+    if kernels:
+        print(kernels)
     print(f"exported {FLAGS.model_path} to {version_dir}: signatures "
           f"{', '.join(sorted(emulator.signature_defs))}; {replayed} warm-up requests "
           f"replayed")

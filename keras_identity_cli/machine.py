@@ -3,22 +3,23 @@
 import os
 import platform
 
+from keras_identity_cli import cpu_kernels
+
 
 def describe():
-    """One line: the CPU, its cores, the GPUs or TPUs and the TensorFlow and JAX
-    versions."""
+    """One line: the CPU and its vector units, its cores, the GPUs or TPUs, the
+    TensorFlow version and whether its oneDNN or Eigen kernels ran, and the
+    JAX version."""
     cpu = platform.processor() or platform.machine()
-    flags = set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
+    flags = cpu_kernels.cpu_flags()
     # The vector extensions decide float32 and (above all) bfloat16 speed.
     vector = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"),
                                       ("avx512_bf16", "AVX512_BF16"), ("amx_bf16", "AMX"))
@@ -35,6 +36,8 @@ def describe():
             details = tf.config.experimental.get_device_details(gpus[0])
             text += f", GPU {details.get('device_name', gpus[0].name)} x{len(gpus)}"
         text += f", TensorFlow {tf.__version__}"
+        # Which kernels its CPU convolutions ran (keras_identity_cli.cpu_kernels).
+        text += f" ({'oneDNN' if cpu_kernels.onednn_enabled() else 'Eigen'} CPU kernels)"
     except Exception:  # pragma: no cover - the description is informative only
         pass
     try:

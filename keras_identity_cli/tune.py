@@ -26,8 +26,10 @@ import os
 from absl import flags
 
 from keras_identity_cli import _common as _cli
+from keras_identity_cli import cpu_kernels
 
 _cli.select_backend()  # before keras_identity (and Keras) is imported
+cpu_kernels.choose("training")  # before TensorFlow is imported
 
 FLAGS = flags.FLAGS
 _cli.define_backend_flag()

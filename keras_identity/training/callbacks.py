@@ -19,33 +19,55 @@ class TrainingDiverged(RuntimeError):
                          f"lower --learning_rate, or check the data and --precision")
 
 
-class StopOnNaN(keras.callbacks.Callback):
-    """Stops training with :class:`TrainingDiverged`, naming the step."""
+class _StepCounter(keras.callbacks.Callback):
+    """Knows the optimizer step a batch ends at without reading the model.
+
+    On JAX, ``self.model`` copies the training state back into the model's
+    variables (``jax_state_sync``) and a batch hook keeps Keras from running
+    the batch callbacks beside the next step; read once per epoch and counted
+    from the batch index, the step costs neither.
+    """
 
     def __init__(self):
         super().__init__()
-        self._epoch = 0
+        self._epoch, self._epoch_start = 0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch + 1
+        self._epoch_start = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def step(self, batch):
+        """The optimizer step after batch ``batch`` (0-based) of this epoch."""
+        return self._epoch_start + int(batch) + 1
+
+
+class StopOnNaN(_StepCounter):
+    """Stops training with :class:`TrainingDiverged`, naming the step.
+
+    Safe to run beside the next step (Keras's asynchronous batch callbacks on
+    JAX): it stops the loop, and Keras raises the error at the next batch.
+    """
+
+    async_safe = True
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            step = int(self.model.optimizer.iterations.numpy())
-            raise TrainingDiverged(step, self._epoch, float(loss))
+            self._model.stop_training = True
+            raise TrainingDiverged(self.step(batch), self._epoch, float(loss))
 
 
-class StopAtStep(keras.callbacks.Callback):
-    """Ends training after exactly ``total_steps`` optimizer steps."""
+class StopAtStep(_StepCounter):
+    """Ends training after exactly ``total_steps`` optimizer steps (needed
+    only where they end inside an epoch)."""
 
     def __init__(self, total_steps):
         super().__init__()
         self.total_steps = int(total_steps)
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) >= self.total_steps:
-            self.model.stop_training = True
+        if self.step(batch) >= self.total_steps:
+            self._model.stop_training = True
 
 
 def current_learning_rate(optimizer, step):

@@ -28,6 +28,7 @@ from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import run_lock
 from keras_identity.training import strategies
 from keras_identity.training.optimizers import MomentumSGD
+from keras_identity_cli import cpu_kernels
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -94,8 +95,8 @@ class TrainConfig:
                              "scaling).", PRECISIONS)
     jit_compile: bool = setting(False, "Compile the training step with XLA.")
     steps_per_execution: int = setting(None, "Training steps per call of the compiled "
-                                       "function (default: 32 on a TPU, else 1; a divisor of "
-                                       "the epoch).")
+                                       "function (default: 32 on a TPU, up to 16 on JAX, else "
+                                       "1; a divisor of the epoch).")
     seed: int = setting(0, "Seed of initialisation, shuffling and augmentation.")
     deterministic: bool = setting(False, "Enable TensorFlow op determinism (with --seed: "
                                   "repeatable runs on CPU).")
@@ -254,12 +255,18 @@ def make_optimizer(recipe, schedule, config):
 # Training steps per call of the compiled function on a TPU (host round trips
 # dominate small steps there); elsewhere one.
 TPU_STEPS_PER_EXECUTION = 32
+# On JAX, Keras's fit loop costs about as much per call as highway-50's whole
+# MNIST step (it re-tracks the training state on the model and runs the
+# callbacks), so a call runs several steps: the default command trains 1.6-2.5x
+# faster (docs/performance.md, "The JAX route's step").
+JAX_STEPS_PER_EXECUTION = 16
 
 
-def resolve_steps_per_execution(requested, schedule, tpu):
-    """Steps per compiled call: ``requested``, or 32 on a TPU and 1 elsewhere,
-    as a divisor of the epoch and of the run's length (a call never crosses
-    a checkpoint or the end of training).
+def resolve_steps_per_execution(requested, schedule, tpu, backend=None):
+    """Steps per compiled call: ``requested``, or 32 on a TPU, 16 on JAX and
+    1 elsewhere (``backend``: Keras's, by default), as a divisor of the epoch
+    and of the run's length (a call never crosses a checkpoint or the end of
+    training).
 
     Raises:
         ValueError: a requested value that does not divide them.
@@ -270,7 +277,12 @@ def resolve_steps_per_execution(requested, schedule, tpu):
             raise ValueError(f"steps_per_execution={requested} is not valid: it must divide "
                              f"steps_per_epoch={per_epoch} and the run's {total} steps.")
         return requested
-    wanted = TPU_STEPS_PER_EXECUTION if tpu else 1
+    if tpu:
+        wanted = TPU_STEPS_PER_EXECUTION
+    elif (backend or keras.backend.backend()) == "jax":
+        wanted = JAX_STEPS_PER_EXECUTION
+    else:
+        wanted = 1
     return max(d for d in range(1, wanted + 1) if per_epoch % d == 0 and total % d == 0)
 
 
@@ -751,6 +763,9 @@ def _train(run, print_fn, started):
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")
+    kernels = cpu_kernels.describe()
+    if kernels:
+        print_fn(kernels)
     if end_step < schedule.total_steps:
         print_fn(f"stopping at step {end_step:,} of {schedule.total_steps:,} (--stop_at_step; "
                  f"the same command with a larger one, or without it, continues the run)")
@@ -787,7 +802,11 @@ def _train(run, print_fn, started):
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None))
-    callbacks = [callbacks_lib.StopOnNaN(), callbacks_lib.StopAtStep(end_step), recorder]
+    callbacks = [callbacks_lib.StopOnNaN(), recorder]
+    if end_step % schedule.steps_per_epoch or start_step % schedule.steps_per_epoch:
+        # Inside an epoch (fit's epochs end the others): a batch hook, which
+        # keeps Keras on JAX from running the batch callbacks beside the next step.
+        callbacks.insert(1, callbacks_lib.StopAtStep(end_step))
     if not run.scratch:
         callbacks.append(callbacks_lib.tensorboard(os.path.join(work_dir, "tensorboard")))
     model_path = os.path.join(model_dir, "model.keras")

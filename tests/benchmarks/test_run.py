@@ -1,6 +1,7 @@
 """benchmarks.run: the table, the JSON, the PyTorch rebuild and bad flags."""
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 
 import keras_identity as ki
 from benchmarks import run as bench
+from keras_identity_cli import cpu_kernels
 from tests.backend import default_route
 from tests.conftest import REPO
 
@@ -41,13 +43,20 @@ def test_small_run_writes_table_and_json(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Machine:" in result.stdout and "MFU peak" in result.stdout
     assert "median of 2 alternated runs" in result.stdout
-    assert "| preact_resnet11 | tensorflow | identity | scan | float32 | 4 |" in result.stdout
-    assert "| preact_resnet11 | jax | identity | scan | float32 | 4 |" in result.stdout
+    saved = json.loads(out.read_text())
+    # TensorFlow's rows name their CPU kernels: oneDNN, the training choice, on
+    # x86 with AVX2 (keras_identity_cli.cpu_kernels).
+    kernels = saved["rows"][0]["cpu_kernels"]
+    if platform.machine() == "x86_64" and "avx2" in cpu_kernels.cpu_flags():
+        assert kernels == "oneDNN"
+    assert f"{kernels} CPU kernels" in result.stdout.splitlines()[0]
+    assert (f"| preact_resnet11 | tensorflow | identity | scan | {kernels} | float32 | 4 |"
+            in result.stdout)
+    assert "| preact_resnet11 | jax | identity | scan | - | float32 | 4 |" in result.stdout
     # Alternated: each configuration once, then each again.
     launched = [line.split("--worker=")[0] + line.split("--worker=")[1].split()[0]
                 for line in result.stdout.splitlines() if "--worker=preact" in line]
     assert launched[:3] == launched[3:] and len(set(launched)) == 3
-    saved = json.loads(out.read_text())
     rows = saved["rows"]
     assert [(r["backend"], r["shortcut"], r["mode"]) for r in rows] == [
         ("tensorflow", "identity", "scan"), ("tensorflow", "exclusive_gating", "scan"),

@@ -78,7 +78,7 @@ def test_default_recipes_and_bad_names():
         resolve(get_recipe("cifar"), num_train=10, batch_size=0)
 
 
-def test_steps_per_execution_is_32_on_a_tpu_and_divides_the_epoch_and_the_run():
+def test_steps_per_execution_is_32_on_a_tpu_16_on_jax_and_divides_the_epoch_and_the_run():
     from keras_identity.training.trainer import resolve_steps_per_execution
 
     def schedule(per_epoch, total):
@@ -88,7 +88,13 @@ def test_steps_per_execution_is_32_on_a_tpu_and_divides_the_epoch_and_the_run():
 
     assert resolve_steps_per_execution(None, schedule(390, 64_000 // 390 * 390), True) == 30
     assert resolve_steps_per_execution(None, schedule(128, 1280), True) == 32
-    assert resolve_steps_per_execution(None, schedule(128, 1280), False) == 1
+    assert resolve_steps_per_execution(None, schedule(128, 1280), False, "tensorflow") == 1
+    # JAX: up to 16 (Keras's fit loop costs as much per call as a small step);
+    # highway-50's MNIST epoch of 468 steps takes 13, a CIFAR epoch of 391 one.
+    assert resolve_steps_per_execution(None, schedule(128, 1280), False, "jax") == 16
+    assert resolve_steps_per_execution(None, schedule(468, 9360), False, "jax") == 13
+    assert resolve_steps_per_execution(None, schedule(391, 64_000 // 391 * 391), False,
+                                       "jax") == 1
     assert resolve_steps_per_execution(None, schedule(7, 21), True) == 7
     assert resolve_steps_per_execution(16, schedule(128, 1280), False) == 16
     with pytest.raises(ValueError, match="steps_per_execution=10 is not valid: it must divide"):
