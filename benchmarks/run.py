@@ -390,6 +390,7 @@ def _annotate(rows, depth, peaks):
         reference = next((r for r in same if r["backend"] == "pytorch"), None)
         identity_scan = next((r for r in same if r["shortcut"] == "identity"
                               and r["backend"] == "tensorflow" and r["mode"] == "scan"
+                              and r.get("kernels") == row.get("kernels", r.get("kernels"))
                               and "first_step_s" in r), None)
         flops = 3 * forward_flops(depth, shortcut=row["shortcut"])  # forward + backward
         speed = row.get("images_per_s")
@@ -427,7 +428,8 @@ def main(argv):
     if "jax" in FLAGS.backends and importlib.util.find_spec("jax") is None:
         sys.exit("benchmarks.run: JAX is not installed; pip install -e \".[jax]\" or pass "
                  "--backends=tensorflow.")
-    cpu_kernels.choose("training")  # as the workers, which import keras_identity, do
+    # The workers inherit it: they import Keras, and so TensorFlow, first.
+    cpu_kernels.choose("training")
     description = machine.describe()
     print(f"Benchmark on {description}", flush=True)
     measured = _run("peak", ["-m", "benchmarks.run", "--worker=peak"], {}).get("tflops")
@@ -445,6 +447,8 @@ def main(argv):
                ("images_per_s", "img/s", "{:.1f}"), ("vs_pytorch", "x PyTorch", "{:.2f}"),
                ("peak_memory_mb", "peak memory (MB)", "{:,.0f}"),
                ("tflops_per_s", "TFLOP/s", "{:.3f}"), ("mfu", "MFU", "{:.1%}")]
+    if "tensorflow" not in FLAGS.backends:
+        columns = [column for column in columns if column[0] != "cpu_kernels"]
     shown = [dict(row, build_s=f"failed: {row['error']}") if "error" in row else row
              for row in rows]
     torch_version = next((r["torch"] for r in rows if "torch" in r), None)

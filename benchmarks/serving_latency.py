@@ -55,6 +55,7 @@ from absl import app
 from absl import flags
 
 from keras_identity_cli import _common
+from keras_identity_cli import cpu_kernels
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("export_dir", None, "Version directory, or the base (latest version).")
@@ -205,9 +206,7 @@ def _worker(path, work_dir):
     imported = sorted({m.split(".")[0] for m in sys.modules}
                       & {"tensorflow", "keras", "jax", "torch", "onnxruntime"})
     if "tensorflow" in imported:  # the kernels this worker's TensorFlow runs
-        from tensorflow.python.util import _pywrap_util_port
-
-        info["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
+        info["onednn"] = cpu_kernels.onednn_enabled()
     print("RESULT " + json.dumps(dict(info, times=times, imported=imported)), flush=True)
 
 
@@ -434,14 +433,12 @@ def _choose_kernels():
     :func:`keras_identity_cli.cpu_kernels.choose` ``"inference"``) and sets
     the variable to the state it took, so that every worker's TensorFlow
     runs the same kernels."""
-    from keras_identity_cli import cpu_kernels
-
     if FLAGS.onednn != "auto":
-        os.environ[cpu_kernels.VARIABLE] = "1" if FLAGS.onednn == "on" else "0"
+        cpu_kernels.set_kernels(FLAGS.onednn == "on")
     cpu_kernels.choose("inference")
     import tensorflow  # noqa: F401  (reads TF_ENABLE_ONEDNN_OPTS once)
 
-    os.environ[cpu_kernels.VARIABLE] = "1" if cpu_kernels.onednn_enabled() else "0"
+    cpu_kernels.set_kernels(cpu_kernels.onednn_enabled())  # the workers' too
 
 
 def _run_worker(path, work_dir):
@@ -497,7 +494,7 @@ def _rows(batches, results, skipped):
 def _notes(setup, rows):
     first = {row["key"]: row for row in rows}
     kernels = {row.get("onednn") for row in rows if "onednn" in row}
-    expected = os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    expected = os.environ[cpu_kernels.VARIABLE] == "1"
     notes = [] if kernels <= {expected} else [
         f"WARNING: the TensorFlow workers' oneDNN kernels were {sorted(map(str, kernels))}, "
         f"not {'on' if expected else 'off'} as in the machine line"]

@@ -11,10 +11,12 @@ import time
 
 from absl import app
 from absl import flags
-import keras
 
+# keras_identity before Keras: it chooses TensorFlow's CPU kernels (for
+# training) before Keras imports TensorFlow.
 import keras_identity as ki
 from keras_identity.data.datasets import load_dataset
+import keras  # noqa: I100
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("epochs", 2, "Epochs per run.")

@@ -6,8 +6,8 @@ AVX512_BF16, AVX_VNNI or AMX and runs Eigen's elsewhere (the common AVX2
 class: AMD EPYC Zen 2/3, many cloud VMs, older Xeons).  Measured on a 2-core
 AVX2 EPYC (docs/performance.md, "TensorFlow's CPU kernels"):
 
-* training: oneDNN trains the looped pre-activation ResNet-164 1.6-1.8x
-  faster than Eigen (fit's step, batch 64);
+* training: oneDNN trains the looped pre-activation ResNet-164 2.1x and
+  ResNet-1001 1.4x faster than Eigen (fit's step, batch 64 and 16);
 * inference: oneDNN makes batch-1 serving of the same SavedModel about 10x
   slower.  Grappler fuses each inference-mode BN-ReLU into the convolution
   before it (``_FusedConv2D`` with ``FusedBatchNorm, Relu``); oneDNN runs that
@@ -36,7 +36,7 @@ import sys
 VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 # The value keras_identity set, so that a child process (a benchmark's worker,
 # a server a test starts) tells an inherited choice of ours from the user's.
-_MARK = "KERAS_IDENTITY_CHOSE_ONEDNN_OPTS"
+MARK = "KERAS_IDENTITY_CHOSE_ONEDNN_OPTS"
 PATHS = ("training", "inference")
 # The CPU features on which TensorFlow turns oneDNN on by itself (x86 Linux).
 _TENSORFLOW_ONEDNN_FEATURES = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
@@ -82,9 +82,8 @@ def choose(path):
         raise ValueError(f"path={path!r} is not valid; expected one of: {', '.join(PATHS)}")
     if _reason is not None:  # chosen already in this process: the first choice stands
         return os.environ.get(VARIABLE)
-    if VARIABLE in os.environ and os.environ[VARIABLE] != os.environ.get(_MARK):
-        if _reason is None:
-            _reason = "set by you"
+    if user_set():
+        _reason = "set by you"
         return os.environ[VARIABLE]
     if "tensorflow" in sys.modules:
         _reason = "TensorFlow was imported before keras_identity chose"
@@ -93,19 +92,41 @@ def choose(path):
     if not _x86() or "avx2" not in flags:
         _reason = "TensorFlow's own choice for this CPU"
         os.environ.pop(VARIABLE, None)  # an inherited choice of ours
-        os.environ.pop(_MARK, None)
+        os.environ.pop(MARK, None)
         return None
-    if path == "training":
+    if tensorflow_default(flags):
+        value, _reason = "1", "TensorFlow's own choice for this CPU"
+    elif path == "training":
         value = "1"
-        _reason = (f"keras_identity's choice for training, 1.6-1.8x faster than Eigen on "
-                   f"AVX2; {VARIABLE}=0 for Eigen")
+        _reason = f"keras_identity's choice for training on AVX2; {VARIABLE}=0 for Eigen"
     else:
-        value = "1" if tensorflow_default(flags) else "0"
-        _reason = ("keras_identity's choice for serving: TensorFlow's own for this CPU; "
-                   f"oneDNN's BN-fused convolutions are slow at small batches on AVX2; "
-                   f"{VARIABLE}=1 for oneDNN")
-    os.environ[VARIABLE] = os.environ[_MARK] = value
+        value = "0"
+        _reason = (f"keras_identity's choice for serving on AVX2, where oneDNN's BN-fused "
+                   f"convolutions are slow at small batches; {VARIABLE}=1 for oneDNN")
+    os.environ[VARIABLE] = os.environ[MARK] = value
     return value
+
+
+def user_set():
+    """Whether ``TF_ENABLE_ONEDNN_OPTS`` is set and not by keras_identity
+    (a value inherited from a process where keras_identity chose is ours)."""
+    return VARIABLE in os.environ and os.environ[VARIABLE] != os.environ.get(MARK)
+
+
+def set_kernels(onednn):
+    """Sets the kernels as a user would (``TF_ENABLE_ONEDNN_OPTS``, not marked
+    as keras_identity's choice), for the processes this one starts too; before
+    TensorFlow is imported it decides this process's kernels as well."""
+    global _reason
+    os.environ[VARIABLE] = "1" if onednn else "0"
+    os.environ.pop(MARK, None)
+    if "tensorflow" not in sys.modules:
+        _reason = "set by you"
+
+
+def reason():
+    """Why the kernels are what they are (None before :func:`choose`)."""
+    return _reason
 
 
 def onednn_enabled():
@@ -127,6 +148,5 @@ def describe():
     enabled = onednn_enabled()
     if enabled is None:
         return None
-    reason = _reason or ("set by you" if VARIABLE in os.environ
-                         else "TensorFlow's own choice for this CPU")
-    return f"TensorFlow CPU kernels: {'oneDNN' if enabled else 'Eigen'} ({reason})"
+    why = _reason or ("set by you" if user_set() else "TensorFlow's own choice for this CPU")
+    return f"TensorFlow CPU kernels: {'oneDNN' if enabled else 'Eigen'} ({why})"

@@ -37,7 +37,9 @@ def describe():
             text += f", GPU {details.get('device_name', gpus[0].name)} x{len(gpus)}"
         text += f", TensorFlow {tf.__version__}"
         # Which kernels its CPU convolutions ran (keras_identity_cli.cpu_kernels).
-        text += f" ({'oneDNN' if cpu_kernels.onednn_enabled() else 'Eigen'} CPU kernels)"
+        onednn = cpu_kernels.onednn_enabled()
+        if onednn is not None:
+            text += f" ({'oneDNN' if onednn else 'Eigen'} CPU kernels)"
     except Exception:  # pragma: no cover - the description is informative only
         pass
     try:

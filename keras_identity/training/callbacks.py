@@ -30,7 +30,11 @@ class _StepCounter(keras.callbacks.Callback):
 
     def __init__(self):
         super().__init__()
-        self._epoch, self._epoch_start = 0, 0
+        self._epoch, self._epoch_start, self._trained = 0, 0, None
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._trained = model  # for stop_training, without the state copy of self.model
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch + 1
@@ -42,18 +46,27 @@ class _StepCounter(keras.callbacks.Callback):
 
 
 class StopOnNaN(_StepCounter):
-    """Stops training with :class:`TrainingDiverged`, naming the step.
+    """Stops training with :class:`TrainingDiverged`, naming the step (the
+    last of a call that runs several, ``steps_per_execution``).
 
-    Safe to run beside the next step (Keras's asynchronous batch callbacks on
-    JAX): it stops the loop, and Keras raises the error at the next batch.
+    In one JAX process it runs beside the next step (Keras's asynchronous
+    batch callbacks): it stops the loop, and Keras raises the error at a
+    later batch or at the epoch's end.  Across processes it runs between
+    steps, so that every process stops at the same batch.
     """
 
-    async_safe = True
+    @property
+    def async_safe(self):
+        if keras.backend.backend() != "jax":
+            return False
+        import jax
+
+        return jax.process_count() == 1
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            self._model.stop_training = True
+            self._trained.stop_training = True
             raise TrainingDiverged(self.step(batch), self._epoch, float(loss))
 
 
@@ -67,7 +80,7 @@ class StopAtStep(_StepCounter):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.step(batch) >= self.total_steps:
-            self._model.stop_training = True
+            self._trained.stop_training = True
 
 
 def current_learning_rate(optimizer, step):

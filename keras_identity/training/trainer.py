@@ -262,11 +262,11 @@ TPU_STEPS_PER_EXECUTION = 32
 JAX_STEPS_PER_EXECUTION = 16
 
 
-def resolve_steps_per_execution(requested, schedule, tpu, backend=None):
+def resolve_steps_per_execution(requested, schedule, tpu, backend=None, start_step=0):
     """Steps per compiled call: ``requested``, or 32 on a TPU, 16 on JAX and
-    1 elsewhere (``backend``: Keras's, by default), as a divisor of the epoch
-    and of the run's length (a call never crosses a checkpoint or the end of
-    training).
+    1 elsewhere (``backend``: Keras's, by default), as a divisor of the epoch,
+    of the run's length and of ``start_step``, the step it resumes from (a
+    call never crosses a checkpoint or the end of training).
 
     Raises:
         ValueError: a requested value that does not divide them.
@@ -276,6 +276,11 @@ def resolve_steps_per_execution(requested, schedule, tpu, backend=None):
         if per_epoch % requested or total % requested:
             raise ValueError(f"steps_per_execution={requested} is not valid: it must divide "
                              f"steps_per_epoch={per_epoch} and the run's {total} steps.")
+        if start_step % requested:
+            raise ValueError(f"steps_per_execution={requested} is not valid for this run: "
+                             f"it resumes from step {start_step}, which it does not divide; "
+                             f"give a divisor of {math.gcd(start_step, requested)}, or leave "
+                             f"the flag out.")
         return requested
     if tpu:
         wanted = TPU_STEPS_PER_EXECUTION
@@ -283,7 +288,8 @@ def resolve_steps_per_execution(requested, schedule, tpu, backend=None):
         wanted = JAX_STEPS_PER_EXECUTION
     else:
         wanted = 1
-    return max(d for d in range(1, wanted + 1) if per_epoch % d == 0 and total % d == 0)
+    return max(d for d in range(1, wanted + 1)
+               if per_epoch % d == 0 and total % d == 0 and start_step % d == 0)
 
 
 def steps_per_execution_note(resolved, requested, schedule, tpu):
@@ -629,6 +635,10 @@ def prepare(config, strategy=None):
             strategy, zlib.crc32(json.dumps([identity, schedule.total_steps],
                                             sort_keys=True).encode()),
             "the run's inputs (a digest of the flags, the data and the run's length)")
+        if state is not None:  # a call never crosses the step it resumes from either
+            steps_per_execution = resolve_steps_per_execution(
+                config.steps_per_execution, schedule, strategies.is_tpu(strategy),
+                start_step=state["step"])
         extended_from = None
         if state is not None and schedule.total_steps < state["step"]:
             raise ValueError(f"the run in model_dir={config.model_dir!r} is at step "
@@ -748,10 +758,14 @@ def _train(run, print_fn, started):
 
     start_step = state["step"] if state else 0
     end_step = stop_step(config, schedule)
+    if start_step % run.steps_per_execution:
+        # An older checkpoint than the latest was restored (the latest could
+        # not be read): a call must not cross the step it resumes from.
+        model.steps_per_execution = math.gcd(start_step, run.steps_per_execution)
     history = state["history"] if state else []
     params = sum(int(w.numpy().size) for w in model.trainable_weights)
-    per_execution = (f", {run.steps_per_execution} steps per execution"
-                     if run.steps_per_execution > 1 else "")
+    per_execution = (f", {model.steps_per_execution} steps per execution"
+                     if model.steps_per_execution > 1 else "")
     print_fn(f"model {model.name}: {params:,} trainable parameters; data {data.name} from "
              f"{data.source} ({data.num_train:,} train / {data.num_test:,} test images)")
     print_fn(f"recipe {recipe.name}: global batch {schedule.batch_size}, lr "

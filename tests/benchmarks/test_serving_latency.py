@@ -3,7 +3,6 @@ ONNX Runtime, PyTorch) and a wrong --export_dir."""
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -60,9 +59,8 @@ def test_tensorflow_rows_table_and_machine(small_run):
     assert "(oneDNN CPU kernels)" in saved["machine"] or "(Eigen CPU kernels)" in saved["machine"]
     assert f"machine: {saved['machine']}" in stdout
     onednn = "(oneDNN CPU kernels)" in saved["machine"]
-    if os.environ.get(cpu_kernels.VARIABLE) == os.environ.get(cpu_kernels._MARK):
-        # Not set by the user: the serving choice (keras_identity_cli.cpu_kernels),
-        # TensorFlow's own.
+    if not cpu_kernels.user_set() and "avx2" in cpu_kernels.cpu_flags():
+        # The serving choice on x86 (keras_identity_cli.cpu_kernels): TensorFlow's own.
         assert onednn is cpu_kernels.tensorflow_default()
     assert [(r["key"], r["batch"]) for r in saved["rows"]] == [
         (key, batch) for batch in (1, 2) for key in

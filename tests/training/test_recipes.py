@@ -96,6 +96,11 @@ def test_steps_per_execution_is_32_on_a_tpu_16_on_jax_and_divides_the_epoch_and_
     assert resolve_steps_per_execution(None, schedule(391, 64_000 // 391 * 391), False,
                                        "jax") == 1
     assert resolve_steps_per_execution(None, schedule(7, 21), True) == 7
+    # A run resumed from inside an epoch: the calls divide that step too.
+    assert resolve_steps_per_execution(None, schedule(4, 12), False, "jax", start_step=6) == 2
+    with pytest.raises(ValueError, match="steps_per_execution=4 is not valid for this run: it "
+                                         "resumes from step 6"):
+        resolve_steps_per_execution(4, schedule(4, 12), False, start_step=6)
     assert resolve_steps_per_execution(16, schedule(128, 1280), False) == 16
     with pytest.raises(ValueError, match="steps_per_execution=10 is not valid: it must divide"):
         resolve_steps_per_execution(10, schedule(128, 1280), False)

@@ -304,6 +304,17 @@ def test_a_run_may_only_grow(tmp_path):
         train(_small(tmp_path, epochs=2), quiet)
 
 
+def test_a_run_grown_from_inside_an_epoch_stops_at_its_length(tmp_path):
+    # 6 steps (an epoch of 4 and a half), then 12. On JAX a call runs several
+    # steps; resumed from step 6 it must run 2 (not the epoch's 4), or it would
+    # stop at 14 and the run could not be resumed at its own length.
+    train(_small(tmp_path, epochs=None, train_steps=6), quiet)
+    lines = []
+    result = train(_small(tmp_path, epochs=None, train_steps=12), lines.append)
+    assert result["steps"] == 12
+    assert any("resuming from the checkpoint at step 6" in line for line in lines)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(train_examples=0), ["train_examples=0"]),
     (dict(test_examples=-1), ["test_examples=-1"]),
