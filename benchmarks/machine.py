@@ -2,10 +2,26 @@
 results, and writes its Markdown tables."""
 
 import json
+import os
+import subprocess
+import sys
 
+from keras_identity_cli.machine import cores
 from keras_identity_cli.machine import describe
 
-__all__ = ["describe", "result", "table"]
+__all__ = ["cores", "describe", "result", "run_worker", "table"]
+
+
+def run_worker(args, env, timeout_s):
+    """Runs ``python *args`` in a fresh process (``env`` added to this one's,
+    TensorFlow's C++ logs quiet); its ``RESULT``, or an error."""
+    try:
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"over --timeout_s={timeout_s}")
+    return result(done)
 
 
 def result(done):

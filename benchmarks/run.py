@@ -30,7 +30,6 @@ it (or with ``--notorch``) the reference columns are left empty.
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -236,7 +235,7 @@ def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup):
     result = dict(params=params, build_s=build_s, first_step_s=first_step_s,
                   images_per_s=images_per_s, peak_memory_mb=_peak_rss_mb())
     if keras.backend.backend() == "tensorflow":  # the kernels its CPU ops ran
-        result["cpu_kernels"] = "oneDNN" if cpu_kernels.onednn_enabled() else "Eigen"
+        result["cpu_kernels"] = cpu_kernels.kernels()
     return result
 
 
@@ -253,13 +252,7 @@ def _worker(spec):
 def _run(label, args, env):
     """Runs one measurement process; its ``RESULT`` line, or an error."""
     print(f"  {label}: {' '.join(args[2:])}", flush=True)
-    try:
-        done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
-                              timeout=FLAGS.timeout_s)
-    except subprocess.TimeoutExpired:
-        return dict(error=f"over --timeout_s={FLAGS.timeout_s}")
-    return machine.result(done)
+    return machine.run_worker(args, env, FLAGS.timeout_s)
 
 
 def _measure(config):
@@ -390,7 +383,7 @@ def _annotate(rows, depth, peaks):
         reference = next((r for r in same if r["backend"] == "pytorch"), None)
         identity_scan = next((r for r in same if r["shortcut"] == "identity"
                               and r["backend"] == "tensorflow" and r["mode"] == "scan"
-                              and r.get("kernels") == row.get("kernels", r.get("kernels"))
+                              and row.get("kernels") in (None, r.get("kernels"))
                               and "first_step_s" in r), None)
         flops = 3 * forward_flops(depth, shortcut=row["shortcut"])  # forward + backward
         speed = row.get("images_per_s")
@@ -440,7 +433,8 @@ def main(argv):
 
     columns = [("model", "model", "{}"), ("backend", "backend", "{}"),
                ("shortcut", "shortcut", "{}"), ("mode", "mode", "{}"),
-               ("cpu_kernels", "TF kernels", "{}"), ("precision", "precision", "{}"), ("batch", "batch", "{}"),
+               ("cpu_kernels", "TF kernels", "{}"), ("precision", "precision", "{}"),
+               ("batch", "batch", "{}"),
                ("params", "params", "{:,d}"), ("build_s", "build (s)", "{:.1f}"),
                ("first_step_s", "first step (s)", "{:.1f}"),
                ("first_step_vs_identity_scan", "first step / TF identity scan", "{:.2f}"),

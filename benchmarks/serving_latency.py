@@ -45,7 +45,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +53,7 @@ import warnings
 from absl import app
 from absl import flags
 
+from benchmarks import machine
 from keras_identity_cli import _common
 from keras_identity_cli import cpu_kernels
 
@@ -109,10 +109,6 @@ def _time(fn, iterations):
     return times[len(times) // 2], times[int(len(times) * 0.9)]
 
 
-def _cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 # ------------------------------------------------------------------ workers
 def _load_inputs(work_dir, setup, kind):
     import numpy as np
@@ -152,7 +148,7 @@ def _measure_onnxruntime(setup, work_dir):
     import onnxruntime as ort
 
     options = ort.SessionOptions()  # default graph optimisations (ORT_ENABLE_ALL)
-    options.intra_op_num_threads = _cores()
+    options.intra_op_num_threads = machine.cores()
     session = ort.InferenceSession(os.path.join(work_dir, "model.onnx"), options,
                                    providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
@@ -160,7 +156,7 @@ def _measure_onnxruntime(setup, work_dir):
     first = setup["batch_sizes"][0]
     expected = np.load(os.path.join(work_dir, f"keras_outputs_{first}.npy"))
     got = session.run(None, {name: inputs[first]})[0]
-    info = dict(onnxruntime=ort.__version__, threads=_cores(),
+    info = dict(onnxruntime=ort.__version__, threads=machine.cores(),
                 max_abs_diff=float(np.max(np.abs(got - expected))))
     return info, {batch: (lambda x=x: session.run(None, {name: x}))
                   for batch, x in inputs.items()}
@@ -171,7 +167,7 @@ def _measure_pytorch(setup, work_dir):
 
     from benchmarks import torch_resnet
 
-    torch.set_num_threads(_cores())
+    torch.set_num_threads(machine.cores())
     torch.manual_seed(0)
     model = torch_resnet.build(setup["torch_depth"], setup["num_classes"],
                                expected_parameters=setup["params"])
@@ -443,18 +439,9 @@ def _choose_kernels():
 
 def _run_worker(path, work_dir):
     """One round of ``path`` in a fresh process: its ``RESULT``, or an error."""
-    args = [sys.executable, "-m", "benchmarks.serving_latency", f"--worker={path}",
-            f"--work_dir={work_dir}"]
+    args = ["-m", "benchmarks.serving_latency", f"--worker={path}", f"--work_dir={work_dir}"]
     print(f"  {path}", flush=True)
-    try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=FLAGS.timeout_s,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                                       KERAS_BACKEND="tensorflow"))
-    except subprocess.TimeoutExpired:
-        return dict(error=f"over --timeout_s={FLAGS.timeout_s}")
-    from benchmarks import machine
-
-    return machine.result(done)
+    return machine.run_worker(args, dict(KERAS_BACKEND="tensorflow"), FLAGS.timeout_s)
 
 
 def _rows(batches, results, skipped):
@@ -541,8 +528,6 @@ def main(argv):
     os.environ["KERAS_BACKEND"] = "tensorflow"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _choose_kernels()
-    from benchmarks import machine
-
     description = machine.describe()
     print(f"machine: {description}", flush=True)
     work_dir = tempfile.mkdtemp(prefix="serving_latency_")

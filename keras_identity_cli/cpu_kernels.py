@@ -141,12 +141,19 @@ def onednn_enabled():
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
+def kernels():
+    """``"oneDNN"`` or ``"Eigen"``: the kernels TensorFlow's CPU ops run (None
+    where TensorFlow is not imported)."""
+    enabled = onednn_enabled()
+    return None if enabled is None else ("oneDNN" if enabled else "Eigen")
+
+
 def describe():
     """One line: the kernels TensorFlow's CPU ops run and why, e.g.
     ``TensorFlow CPU kernels: oneDNN (keras_identity's choice for training:
     ...)``; None where TensorFlow is not imported (the JAX route)."""
-    enabled = onednn_enabled()
-    if enabled is None:
+    name = kernels()
+    if name is None:
         return None
     why = _reason or ("set by you" if user_set() else "TensorFlow's own choice for this CPU")
-    return f"TensorFlow CPU kernels: {'oneDNN' if enabled else 'Eigen'} ({why})"
+    return f"TensorFlow CPU kernels: {name} ({why})"

@@ -6,6 +6,11 @@ import platform
 from keras_identity_cli import cpu_kernels
 
 
+def cores():
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def describe():
     """One line: the CPU and its vector units, its cores, the GPUs or TPUs, the
     TensorFlow version and whether its oneDNN or Eigen kernels ran, and the
@@ -26,8 +31,7 @@ def describe():
               if flag in flags]
     if vector:
         cpu += f" ({', '.join(vector)})"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"{cpu}, {cores} cores"
+    text = f"{cpu}, {cores()} cores"
     try:
         import tensorflow as tf
 
@@ -37,9 +41,8 @@ def describe():
             text += f", GPU {details.get('device_name', gpus[0].name)} x{len(gpus)}"
         text += f", TensorFlow {tf.__version__}"
         # Which kernels its CPU convolutions ran (keras_identity_cli.cpu_kernels).
-        onednn = cpu_kernels.onednn_enabled()
-        if onednn is not None:
-            text += f" ({'oneDNN' if onednn else 'Eigen'} CPU kernels)"
+        if cpu_kernels.kernels():
+            text += f" ({cpu_kernels.kernels()} CPU kernels)"
     except Exception:  # pragma: no cover - the description is informative only
         pass
     try:
