@@ -11,7 +11,10 @@ It is a test double for clients, not a production server, but it holds
 load as one: a listen backlog of --backlog connections, --workers threads
 answering, at most --max_queued requests waiting (503 beyond), a read
 timeout, and 400 for malformed requests (a bad or lying Content-Length,
-values a signature's dtype cannot hold).
+values a signature's dtype cannot hold).  Bodies are framed as a careful
+HTTP/1.1 server frames them (see body_framing): one Content-Length or
+Transfer-Encoding: chunked; anything ambiguous is refused and the connection
+closed.
 """
 
 import io
@@ -126,6 +129,64 @@ class _DeadlineReader(io.RawIOBase):
 flags.mark_flag_as_required("model_base_path")
 
 
+class FramingError(Exception):
+    """A request whose body cannot be delimited for sure: answered ``code``
+    with ``message`` (one line) and its connection closed, since where the
+    next request would start is unknown (the request-smuggling class of bugs)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def body_framing(headers, max_body_bytes, http10=False):
+    """How a POST's body is delimited: its size in bytes (one Content-Length)
+    or ``"chunked"`` (Transfer-Encoding: chunked alone).  Anything else raises
+    FramingError: two Content-Length headers, equal or not (400: which one
+    frames the body is what smuggling plays on); Content-Length with
+    Transfer-Encoding (400); a coding other than chunked (501); neither header
+    (411); a Content-Length that is not a size (400) or is over
+    ``max_body_bytes`` (413); Transfer-Encoding in an HTTP/1.0 request (400,
+    as RFC 9112 asks)."""
+    lengths = headers.get_all("Content-Length") or []
+    codings = headers.get_all("Transfer-Encoding") or []
+    if lengths and codings:
+        raise FramingError(400, "Transfer-Encoding and Content-Length together are refused "
+                                "(they could frame the body differently); send one of them")
+    if len(lengths) > 1:
+        values = ", ".join(repr(value[:20]) for value in lengths)
+        raise FramingError(400, f"{len(lengths)} Content-Length headers ({values}) are "
+                                f"refused, equal or not; send exactly one")
+    if codings:
+        value = ", ".join(coding.strip() for coding in codings)
+        if [token.strip().lower() for token in value.split(",")] != ["chunked"]:
+            raise FramingError(501, f"Transfer-Encoding {value[:100]!r} is not implemented; "
+                                    f"only 'chunked' is (or send a Content-Length)")
+        if http10:
+            raise FramingError(400, "Transfer-Encoding in an HTTP/1.0 request is refused; "
+                                    "send a Content-Length")
+        return "chunked"
+    if not lengths:
+        raise FramingError(411, "a POST needs a Content-Length header (the body's size in "
+                                "bytes) or Transfer-Encoding: chunked")
+    declared = lengths[0]
+    if not re.fullmatch(r"[0-9]{1,12}", declared.strip()):
+        raise FramingError(400, f"Content-Length {declared!r} is not valid; expected the "
+                                f"body's size in bytes")
+    if int(declared) > max_body_bytes:
+        raise FramingError(413, f"Content-Length {int(declared)} is over the server's limit "
+                                f"of {max_body_bytes} bytes")
+    return int(declared)
+
+
+# A chunk's size line: hexadecimal digits, then optional ;extensions (ignored),
+# then CRLF.  No leading spaces and no bare LF: what one parser takes and the
+# next does not is what request smuggling is made of.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r\n")
+_MAX_LINE = 8192     # bytes in a chunk's size line or a trailer line
+_MAX_TRAILERS = 100
+
+
 _MODEL_URL = re.compile(r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+)|"
                         r"/labels/(?P<label>[^/:]+))?(?P<verb>:predict|/metadata)?")
 
@@ -182,13 +243,16 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
                 except OSError:
                     pass
 
-        def _send(self, code, body):
+        def _send(self, code, body, close=False):
             self._answered = True
             self.connection.settimeout(read_timeout_s)  # a client that never reads
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if close:  # what follows on the connection cannot be read as a request
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
 
@@ -223,30 +287,83 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
                 pass
             return b"".join(chunks)
 
+        def _read_chunked(self):
+            """A Transfer-Encoding: chunked body, its chunk extensions and
+            trailers dropped, under the same size limit as a Content-Length
+            body.  Raises FramingError; a deadline that passes raises
+            TimeoutError, which handle() answers 408."""
+            ended = FramingError(400, "the Transfer-Encoding: chunked body ended before its "
+                                      "last (0-size) chunk and the blank line after it")
+            chunks, size = [], 0
+            while True:
+                line = self.rfile.readline(_MAX_LINE + 1)
+                match = _CHUNK_SIZE.fullmatch(line)
+                if not match:
+                    if not line:
+                        raise ended
+                    if len(line) > _MAX_LINE:
+                        raise FramingError(400, f"a chunk size line of the Transfer-Encoding: "
+                                                f"chunked body is over {_MAX_LINE} bytes")
+                    raise FramingError(400, f"the chunk size line {line[:40]!r} of the "
+                                            f"Transfer-Encoding: chunked body is not valid; "
+                                            f"expected hexadecimal digits, optional "
+                                            f";extensions, then CRLF")
+                length = int(match[1], 16)
+                if length == 0:
+                    break
+                size += length
+                if size > max_body_bytes:  # refused before its bytes are read
+                    raise FramingError(413, f"the Transfer-Encoding: chunked body is over the "
+                                            f"server's limit of {max_body_bytes} bytes")
+                data = self._read_body(length + 2)  # the chunk and its CRLF
+                if len(data) < length + 2:
+                    if self._reader.timed_out:
+                        raise TimeoutError("the chunked body was not complete in time")
+                    raise ended
+                if data[-2:] != b"\r\n":
+                    raise FramingError(400, f"a chunk of the Transfer-Encoding: chunked body "
+                                            f"is not followed by CRLF: its size line "
+                                            f"({length:x}) does not match its data")
+                chunks.append(data[:-2])
+            for _ in range(_MAX_TRAILERS + 1):  # trailer fields, up to a blank line
+                line = self.rfile.readline(_MAX_LINE + 1)
+                if line == b"\r\n":
+                    return b"".join(chunks)
+                valid = line.endswith(b"\r\n") and b":" in line and len(line) <= _MAX_LINE
+                if not valid:
+                    if not line:
+                        raise ended
+                    raise FramingError(400, f"the trailer line {line[:40]!r} of the "
+                                            f"Transfer-Encoding: chunked body is not valid; "
+                                            f"expected 'name: value' lines of at most "
+                                            f"{_MAX_LINE} bytes, then a blank line")
+            raise FramingError(400, f"the Transfer-Encoding: chunked body has over "
+                                    f"{_MAX_TRAILERS} trailer lines")
+
         def do_POST(self):
             code, message = route("POST", self.path, model_name, version)
             if code:
                 self._send(code, {"error": message})
                 return
-            declared = self.headers.get("Content-Length")
-            if declared is None or not re.fullmatch(r"[0-9]{1,12}", declared.strip()):
-                self._send(400, {"error": f"Content-Length {declared!r} is not valid; expected "
-                                          f"the body's size in bytes"})
+            try:
+                framing = body_framing(self.headers, max_body_bytes,
+                                       http10=self.request_version == "HTTP/1.0")
+                raw = self._read_chunked() if framing == "chunked" else None
+            except FramingError as error:
+                self._send(error.code, {"error": error.message}, close=True)
                 return
-            length = int(declared)
-            if length > max_body_bytes:
-                self._send(413, {"error": f"Content-Length {length} is over the server's "
-                                          f"limit of {max_body_bytes} bytes"})
-                return
-            raw = self._read_body(length)
-            if len(raw) < length and self._reader.timed_out:   # a slow client
-                self._send(408, {"error": f"the request was not complete within "
-                                          f"{read_timeout_s:g} s (--read_timeout_s)"})
-                return
-            if len(raw) < length:   # the client closed its side early
-                self._send(400, {"error": f"the body has {len(raw)} bytes, fewer than its "
-                                          f"Content-Length {length}"})
-                return
+            if raw is None:
+                length = framing
+                raw = self._read_body(length)
+                if len(raw) < length and self._reader.timed_out:   # a slow client
+                    self._send(408, {"error": f"the request was not complete within "
+                                              f"{read_timeout_s:g} s (--read_timeout_s)"},
+                               close=True)
+                    return
+                if len(raw) < length:   # the client closed its side early
+                    self._send(400, {"error": f"the body has {len(raw)} bytes, fewer than "
+                                              f"its Content-Length {length}"}, close=True)
+                    return
             try:
                 body = json.loads(raw or b"null")
                 with self.server.model_slots:

@@ -1,0 +1,137 @@
+"""keras-identity-serve frames request bodies as a careful HTTP/1.1 server does:
+one Content-Length or Transfer-Encoding: chunked, anything ambiguous refused in
+one line and the connection closed (the request-smuggling class of bugs)."""
+
+import json
+import socket
+import threading
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")  # keras_identity.serving.rest: TensorFlow
+
+from tests.backend import backend_neutral  # noqa: E402
+
+# The local server's HTTP handling: TensorFlow, once (see tests/backend.py).
+pytestmark = [pytest.mark.needs_tensorflow, backend_neutral]
+
+PREDICT = b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\n"
+BODY = b'{"instances": [[1.0, 2.0], [3.0, 4.0]]}'
+LIMIT = 4096   # the server's body limit in these tests
+
+
+class DoublingEmulator:
+    """Enough of ServingEmulator for rest.predict: one float32 input x, y = 2x."""
+
+    signature_defs = {}
+
+    def input_dtypes(self, signature):
+        return {"x": tf.float32}
+
+    def run(self, signature, inputs):
+        return {"y": inputs["x"] * 2}
+
+
+@pytest.fixture(scope="module")
+def port():
+    from keras_identity_cli import serve
+
+    handler = serve.make_rest_handler(DoublingEmulator(), "m", 1, read_timeout_s=2.0,
+                                      max_body_bytes=LIMIT)
+    server = serve.BoundedHTTPServer(("127.0.0.1", 0), handler, workers=2, max_queued=8)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def exchange(port, data, close=False):
+    """Sends ``data`` (then the end of the stream if ``close``) and reads the
+    answer to its end: (status, headers, body)."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(data)
+        if close:
+            connection.shutdown(socket.SHUT_WR)
+        try:
+            while chunk := connection.recv(65536):
+                answer += chunk
+        except ConnectionResetError:  # closed with our unread bytes: the answer came first
+            pass
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def chunked(*chunks, trailer=b""):
+    """A chunked body: the chunks, the last (0-size) chunk, ``trailer``, a blank line."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+    return body + b"0\r\n" + trailer + b"\r\n"
+
+
+def test_a_chunked_body_predicts_as_its_content_length_twin(port):
+    code, _, expected = exchange(port, PREDICT + b"Content-Length: %d\r\n\r\n" % len(BODY)
+                                 + BODY)
+    assert code == 200 and expected == {"predictions": [{"y": [2.0, 4.0]},
+                                                        {"y": [6.0, 8.0]}]}
+    te = PREDICT + b"Transfer-Encoding: chunked\r\n\r\n"
+    for body in (chunked(BODY[:10], BODY[10:]),
+                 # Upper-case hex with an extension, one byte a chunk, a trailer.
+                 b"1A;name=value\r\n" + BODY[:26] + b"\r\n" + chunked(
+                     *[BODY[i:i + 1] for i in range(26, len(BODY))],
+                     trailer=b"X-Checksum: 1\r\n")):
+        assert exchange(port, te + body)[::2] == (200, expected)
+
+
+@pytest.mark.parametrize("headers, body, code, words", [
+    (b"Content-Length: 5\r\nContent-Length: 5\r\n", b"{}   ", 400,
+     ["2 Content-Length headers ('5', '5')", "send exactly one"]),
+    (b"Content-Length: 2\r\nContent-Length: 40\r\n", b"{}" + BODY, 400,
+     ["2 Content-Length headers ('2', '40')"]),
+    (b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n" % len(BODY), chunked(BODY), 400,
+     ["Transfer-Encoding and Content-Length together", "send one of them"]),
+    (b"Transfer-Encoding: chunked\r\n", b"%x\r\n" % (LIMIT + 1) + b"a" * (LIMIT + 1), 413,
+     ["Transfer-Encoding: chunked body is over the server's limit of 4096 bytes"]),
+    (b"Transfer-Encoding: chunked\r\n", chunked(b"a" * 3000, b"a" * 3000), 413,
+     ["over the server's limit"]),   # each chunk under it, the two over
+    (b"Transfer-Encoding: chunked\r\n", b"zz\r\n{}\r\n0\r\n\r\n", 400,
+     ["chunk size line b'zz\\r\\n'", "expected hexadecimal digits"]),
+    (b"Transfer-Encoding: chunked\r\n", b" 2\r\n{}\r\n0\r\n\r\n", 400, ["not valid"]),
+    (b"Transfer-Encoding: chunked\r\n", b"3\r\n{}\r\n0\r\n\r\n", 400,
+     ["not followed by CRLF"]),   # a size that lies
+    (b"Transfer-Encoding: chunked\r\n", b"2\r\n{}\r\n0\r\nno colon\r\n\r\n", 400,
+     ["trailer line b'no colon\\r\\n'"]),
+    (b"Transfer-Encoding: gzip\r\n", b"", 501,
+     ["Transfer-Encoding 'gzip' is not implemented", "only 'chunked'"]),
+    (b"Transfer-Encoding: gzip, chunked\r\n", chunked(BODY), 501, ["'gzip, chunked'"]),
+    (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", chunked(BODY), 501,
+     ["'chunked, chunked'"]),
+    (b"", b"", 411, ["needs a Content-Length header", "Transfer-Encoding: chunked"]),
+])
+def test_ambiguous_framing_is_refused_in_one_line_and_the_connection_closed(
+        port, headers, body, code, words):
+    status, response_headers, answer = exchange(port, PREDICT + headers + b"\r\n" + body)
+    assert status == code, answer
+    assert response_headers["connection"] == "close"
+    assert set(answer) == {"error"} and "\n" not in answer["error"]
+    for word in words:
+        assert word in answer["error"], answer["error"]
+
+
+def test_a_chunked_body_cut_short_or_stalled(port):
+    te = PREDICT + b"Transfer-Encoding: chunked\r\n\r\n"
+    # No last chunk: the client closes its side.
+    code, headers, answer = exchange(port, te + b"2\r\n{}\r\n", close=True)
+    assert code == 400 and headers["connection"] == "close"
+    assert "ended before its last (0-size) chunk" in answer["error"]
+    # A chunk that stalls past the deadline (--read_timeout_s, 2 s here).
+    code, headers, answer = exchange(port, te + b"2\r\n{")
+    assert code == 408 and headers["connection"] == "close"
+    assert "not complete within 2 s" in answer["error"]
+
+
+def test_http10_requests_may_not_be_chunked(port):
+    request = b"POST /v1/models/m:predict HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+    code, _, answer = exchange(port, request + chunked(BODY))
+    assert code == 400 and "Transfer-Encoding in an HTTP/1.0 request" in answer["error"]
