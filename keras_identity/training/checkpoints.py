@@ -8,6 +8,12 @@ the latest.  A run killed at any moment therefore finds an intact checkpoint
 and loses at most the epoch in progress; a latest checkpoint that cannot be
 read (a damaged disk, a copy cut short) is skipped with a warning for the
 newest one that can.
+
+``state.json`` is only an index: every checkpoint carries its own state
+(including the run's identity, the flags it was trained with), so a run
+whose ``state.json`` is missing or garbled still resumes from the newest
+checkpoint.  A run never deletes or overwrites a checkpoint it did not
+write, except the older checkpoints of the very run it continues.
 """
 
 import errno
@@ -86,10 +92,13 @@ def out_of_space(error):
 class Checkpointer:
     """Saves and restores the training state in ``<model_dir>/checkpoints``."""
 
-    def __init__(self, directory, keep=2):
+    def __init__(self, directory, keep=2, identity=None):
         self.directory = directory
         self.keep = max(1, int(keep))
+        self.identity = identity
         self.state_path = os.path.join(directory, "state.json")
+        self._written = set()       # checkpoints this object wrote
+        self._continued_step = -1   # the step of the checkpoint restored (-1: none)
 
     def save(self, model, *, step, epoch, history):
         """Writes the checkpoint of ``step``; raises :class:`WriteError` (and
@@ -100,6 +109,8 @@ class Checkpointer:
         path = os.path.join(self.directory, name)
         temporary = path + ".partial.weights.h5"
         state = {"step": int(step), "epoch": int(epoch), "weights": name, "history": history}
+        if self.identity is not None:
+            state["identity"] = self.identity
         written = []
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -110,7 +121,10 @@ class Checkpointer:
                                             f"free, about {needed / 2 ** 20:.1f} MiB needed")
             written.append(temporary)
             model.save_weights(temporary)
+            if os.path.exists(path) and path not in self._written:
+                self._set_aside(path)
             os.replace(temporary, path)
+            self._written.add(path)
             written.append(path)
             for target in (_state_of(path), self.state_path):
                 written.append(target + ".partial")
@@ -133,11 +147,29 @@ class Checkpointer:
                 + (f"the checkpoint of step {previous} is intact: free space and run the "
                    f"same command to resume" if previous is not None else
                    "no checkpoint was written")) from None
-        checkpoints = self._weights_files()
-        for old in checkpoints[:-self.keep]:
+        # Only this run's own checkpoints make room: those it wrote and those
+        # of the run it continues (at or before the step it restored).
+        own = [f for f in self._weights_files()
+               if f in self._written or _step_of(f) <= self._continued_step]
+        for old in own[:-self.keep]:
             os.remove(old)
+            self._written.discard(old)
             if os.path.exists(_state_of(old)):
                 os.remove(_state_of(old))
+
+    def _set_aside(self, path):
+        """Renames a checkpoint this run did not write (one it could not read,
+        newer than the step it resumed from) out of the way, never over it."""
+        aside = path + ".unread"
+        number = 1
+        while os.path.exists(aside):
+            number += 1
+            aside = f"{path}.unread{number}"
+        os.replace(path, aside)
+        if os.path.exists(_state_of(path)):
+            os.replace(_state_of(path), _state_of(path) + aside[len(path):])
+        warnings.warn(f"kept the checkpoint {os.path.basename(path)}, which this run did not "
+                      f"write, as {os.path.basename(aside)}.", stacklevel=3)
 
     def latest_step(self):
         """The step of the latest readable checkpoint, or None."""
@@ -152,29 +184,44 @@ class Checkpointer:
                       if not f.endswith(".partial.weights.h5"))
 
     def latest(self):
-        """The saved state (``step``, ``epoch``, ``weights``, ``history``) or None.
+        """The saved state (``step``, ``epoch``, ``weights``, ``history`` and,
+        when it was recorded, ``identity``) or None when there is no checkpoint.
+
+        ``state.json`` names the latest checkpoint; when it is missing, cannot
+        be read or names an older one than the newest checkpoint with a
+        readable state of its own, that checkpoint's state is used (with a
+        warning when ``state.json`` is missing or unreadable).
 
         Raises:
-            CheckpointError: ``state.json`` exists but cannot be read, and no
-                checkpoint has a readable state of its own.
+            CheckpointError: there are checkpoints, but none has a readable
+                state (neither ``state.json`` nor their own).
         """
-        if not os.path.exists(self.state_path):
+        candidates = self._candidates()
+        newest = candidates[0][1] if candidates else None
+        problem = None
+        if os.path.exists(self.state_path):
+            try:
+                with open(self.state_path) as f:
+                    state = json.load(f)
+                if not isinstance(state, dict) or not {"step", "epoch", "weights"} <= set(state):
+                    raise ValueError("missing step/epoch/weights")
+                if newest is None or state["step"] >= newest["step"]:
+                    return state
+                return newest  # saved, but stopped before state.json was updated
+            except (OSError, ValueError, TypeError) as error:
+                problem = f"is not readable ({error})"
+        elif self._weights_files():
+            problem = "is missing"
+        else:
             return None
-        try:
-            with open(self.state_path) as f:
-                state = json.load(f)
-            if not isinstance(state, dict) or not {"step", "epoch", "weights"} <= set(state):
-                raise ValueError("missing step/epoch/weights")
-            return state
-        except (OSError, ValueError) as error:
-            candidates = self._candidates()
-            if not candidates:
-                raise CheckpointError(f"{self.state_path} is not readable ({error}) and no "
-                                      f"checkpoint has a state of its own; use a new "
-                                      f"--model_dir or delete {self.directory}.") from None
-            warnings.warn(f"{self.state_path} is not readable ({error}); using "
-                          f"{os.path.basename(candidates[0][0])}.", stacklevel=2)
-            return candidates[0][1]
+        if newest is None:
+            raise CheckpointError(
+                f"{self.state_path} {problem} and no checkpoint in {self.directory} has a "
+                f"state of its own (ckpt-<step>.state.json); nothing was changed there: "
+                f"restore the files, or use a new --model_dir.")
+        warnings.warn(f"{self.state_path} {problem}; resuming from "
+                      f"{os.path.basename(candidates[0][0])} (its own state).", stacklevel=2)
+        return newest
 
     def _candidates(self):
         """``(weights path, state)`` of every checkpoint with a readable state,
@@ -183,9 +230,11 @@ class Checkpointer:
         for path in reversed(self._weights_files()):
             try:
                 with open(_state_of(path)) as f:
-                    found.append((path, json.load(f)))
+                    state = json.load(f)
             except (OSError, ValueError):
                 continue
+            if isinstance(state, dict) and {"step", "epoch", "weights"} <= set(state):
+                found.append((path, state))
         return found
 
     def restore(self, model):
@@ -216,6 +265,7 @@ class Checkpointer:
                 warnings.warn(f"skipped unreadable checkpoint(s) {', '.join(skipped)} in "
                               f"{self.directory}; resuming from {os.path.basename(path)} "
                               f"(step {candidate['step']}).", stacklevel=2)
+            self._continued_step = int(candidate["step"])
             return candidate
         raise CheckpointError(f"no checkpoint in {self.directory} can be read: "
                               f"{', '.join(skipped)}; use a new --model_dir.")
@@ -223,3 +273,9 @@ class Checkpointer:
 
 def _state_of(weights_path):
     return weights_path[:-len(".weights.h5")] + ".state.json"
+
+
+def _step_of(weights_path):
+    """The step in a ``ckpt-<step>.weights.h5`` name (-1 for another name)."""
+    found = re.search(r"ckpt-(\d+)\.weights\.h5$", weights_path)
+    return int(found.group(1)) if found else -1

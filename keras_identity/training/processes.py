@@ -10,8 +10,10 @@ and only process 0 writes into the run's directory (the others save into
 scratch folders of their own, removed at the end).
 """
 
+import errno
 import os
 import re
+import socket
 
 # Seconds without a heartbeat after which the coordination service declares a
 # process dead and stops the others (JAX's default is 100).
@@ -86,6 +88,8 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None):
         return jax.process_count()
     if explicit and num_processes == 1:
         return 1
+    if explicit and process_id == 0:
+        check_port_free(coordinator_address)
     # CPU processes all-reduce through Gloo (the default has no cross-process
     # collectives); GPUs and TPUs use their own.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -100,6 +104,29 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None):
         raise ValueError(f"the processes did not connect ({where}): "
                          f"{' '.join(str(error).split())[:200]}") from None
     return jax.process_count()
+
+
+def check_port_free(coordinator_address):
+    """Raises ``ValueError`` (one line) when process 0 cannot serve the
+    coordinator at ``coordinator_address`` because another program holds its
+    port (JAX's coordination service would crash the process instead)."""
+    port = int(coordinator_address.rsplit(":", 1)[1])
+    family = socket.AF_INET6 if coordinator_address.startswith("[") else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # A port left in TIME_WAIT by an earlier run is free to listen on.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", port))
+    except OSError as error:
+        if error.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise ValueError(
+                f"--coordinator_address={coordinator_address}: port {port} "
+                + ("is in use by another program" if error.errno == errno.EADDRINUSE
+                   else "may not be used by this user")
+                + "; process 0 serves the coordinator there: choose a free port (the same "
+                  "--coordinator_address for every process).") from None
+    finally:
+        probe.close()
 
 
 def lost_peer(error):

@@ -32,7 +32,13 @@ class RunLock:
     def acquire(self):
         if fcntl is None or self._file is not None:
             return self
-        handle = open(self.path, "a+")
+        try:
+            handle = open(self.path, "a+")
+        except OSError as error:
+            kind = "a directory" if os.path.isdir(self.path) else "not a writable file"
+            raise ValueError(f"{self.path} is {kind} ({error.strerror or type(error).__name__}"
+                             f"); it is the run's lock file: remove it (no training uses it "
+                             f"then) or use a new --model_dir.") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

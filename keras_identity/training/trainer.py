@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 import zlib
 
 import keras
@@ -423,22 +424,53 @@ def differences(before, now):
     return lines
 
 
-def _check_identity(path, identity):
-    """Refuses to resume a run whose saved identity differs (one line naming
-    the flags); returns the saved length."""
+def _read_run_file(path):
+    """``run.json``'s contents, or the reason it cannot be used."""
     try:
         with open(path) as f:
             saved = json.load(f)
-        before = saved["identity"]
+        if not isinstance(saved, dict) or not isinstance(saved.get("identity"), dict):
+            raise KeyError("identity")
+        return saved, None
+    except FileNotFoundError:
+        return None, "is missing"
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} is not a readable run description ({type(error).__name__}); "
-                         f"use a new --model_dir.") from None
+        return None, f"is not readable ({type(error).__name__})"
+
+
+def check_identity(model_dir, identity, state):
+    """Refuses to resume a run whose flags differ from ``identity`` (one line
+    naming the flags); returns the run's saved length (``{}`` when unknown).
+
+    The flags a run was started with are in ``run.json``; each checkpoint
+    (``state``, the latest) keeps them too, so a missing or unreadable
+    ``run.json`` is replaced by the checkpoint's record.  Checkpoints with
+    no record of their flags and no ``run.json`` are refused, never trained
+    over.
+    """
+    path = os.path.join(model_dir, RUN_FILE)
+    saved, problem = _read_run_file(path)
+    if saved is not None:
+        before, where = saved["identity"], "flags"
+    elif state is None:
+        if problem == "is missing":
+            return {}
+        raise ValueError(f"{path} {problem} and the run has no checkpoint; delete it, or use a "
+                         f"new --model_dir.")
+    elif isinstance(state.get("identity"), dict):
+        before, where = state["identity"], f"flags (as its checkpoint of step {state['step']} "                                            f"records them; {RUN_FILE} {problem})"
+        warnings.warn(f"{path} {problem}; the run's flags are compared with the record in its "
+                      f"checkpoint of step {state['step']} instead.", stacklevel=2)
+    else:
+        raise ValueError(f"{path} {problem} and the checkpoints in {model_dir}/checkpoints "
+                         f"keep no record of the flags they were trained with; nothing was "
+                         f"changed there: restore {RUN_FILE}, or use a new --model_dir.")
     diffs = differences(before, identity)
     if diffs:
-        raise ValueError(f"model_dir={os.path.dirname(path)!r} holds a run started with other "
-                         f"flags ({'; '.join(diffs)}); resume it with its own flags (only "
+        raise ValueError(f"model_dir={model_dir!r} holds a run started with other {where} "
+                         f"({'; '.join(diffs)}); resume it with its own flags (only "
                          f"--epochs/--train_steps may grow) or use a new --model_dir.")
-    return saved.get("length", {})
+    return saved.get("length", {}) if saved else {}
 
 
 def check_writable(directory):
@@ -618,16 +650,17 @@ def prepare(config, strategy=None):
         check_distributed_step(config, strategy, steps_per_execution)
         identity = run_identity(config, data, recipe, schedule, normalization, augmentation)
         checkpointer = checkpoints.Checkpointer(
-            os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints)
-        run_path = os.path.join(config.model_dir, RUN_FILE)
-        length = None
-        if os.path.exists(run_path):
-            length = _check_identity(run_path, identity)
+            os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints,
+            identity=identity)
+        strategies.check_same_in_processes(
+            strategy, zlib.crc32(os.path.normpath(config.model_dir).encode()),
+            "--model_dir (a digest of the path)")
+        state = checkpointer.latest()
+        length = check_identity(config.model_dir, identity, state)
         if not scratch:
             check_writable(config.model_dir)
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()
-        state = checkpointer.latest()
         strategies.check_same_in_processes(
             strategy, -1 if state is None else state["step"],
             f"the latest checkpoint's step in {checkpointer.directory} (-1: none)")
@@ -739,9 +772,9 @@ def _train(run, print_fn, started):
     # Written once the model is built and restored: a configuration the
     # builder refuses leaves no run behind.
     previous_backend = None
-    if state and os.path.exists(os.path.join(model_dir, RUN_FILE)):
-        with open(os.path.join(model_dir, RUN_FILE)) as f:
-            previous_backend = json.load(f).get("backend")
+    if state:
+        saved, _ = _read_run_file(os.path.join(model_dir, RUN_FILE))
+        previous_backend = (saved or state).get("backend")
     if chief:
         checkpoints.write_json(os.path.join(model_dir, "config.json"),
                                dataclasses.asdict(config))

@@ -153,17 +153,51 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
 
 
 @jax_only
-def test_processes_with_other_inputs_are_refused_in_one_line(tmp_path):
-    """Hosts that would train on other data (here: another subset) never train
-    apart: both stop before the first step, naming the disagreement."""
+@pytest.mark.parametrize("differs, words", [
+    ("train_examples", "the run's inputs"), ("model_dir", "--model_dir")])
+def test_processes_with_other_inputs_are_refused_in_one_line(tmp_path, differs, words):
+    """Hosts that would train on other data (another subset) or write other
+    directories never train apart: both stop before the first step, naming
+    the disagreement, and nothing is written."""
     port = _port()
     procs = [subprocess.Popen(
-        _command(tmp_path / "run", ["--train_steps=6", f"--train_examples={512 + 64 * i}",
-                                    f"--coordinator_address=127.0.0.1:{port}",
-                                    "--num_processes=2", f"--process_id={i}"]),
+        _command(tmp_path / (f"run{i}" if differs == "model_dir" else "run"), [
+            "--train_steps=6", f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2", f"--process_id={i}",
+            f"--train_examples={512 + 64 * i}" if differs == "train_examples" else
+            "--train_examples=512"]),
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)]
     for rc, _, err in _finish(procs, timeout=300):
         assert rc == 2
         errors = error_lines(err)
-        assert len(errors) == 1 and "the processes disagree on the run's inputs" in errors[0]
+        assert len(errors) == 1 and f"the processes disagree on {words}" in errors[0]
+    assert not any((tmp_path / name / "run.json").exists() for name in ("run", "run0", "run1"))
+
+
+def test_a_taken_coordinator_port_is_one_line_before_jax_starts():
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ValueError) as error:
+            processes.check_port_free(f"127.0.0.1:{port}")
+    message = str(error.value)
+    assert "\n" not in message and f"port {port} is in use by another program" in message
+    processes.check_port_free(f"127.0.0.1:{port}")   # free again once closed
+
+
+@jax_only
+def test_process_0_on_a_taken_port_exits_with_one_line(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            _command(tmp_path / "run", ["--train_steps=6", "--num_processes=2",
+                                        f"--coordinator_address=127.0.0.1:{port}",
+                                        "--process_id=0"]),
+            env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and f"port {port} is in use by another program" in errors[0]

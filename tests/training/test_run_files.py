@@ -1,0 +1,210 @@
+"""A run's own files lost or damaged (``checkpoints/state.json``,
+``run.json``, a checkpoint, ``.lock``): the run resumes from its newest
+checkpoint or is refused in one line, and never deletes or overwrites a
+checkpoint it did not write."""
+
+import hashlib
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from keras_identity.training import ConfigError
+from keras_identity.training import TrainConfig
+from keras_identity.training import checkpoints
+from keras_identity.training import train
+
+
+def quiet(*_):
+    pass
+
+
+def _config(model_dir, **kwargs):
+    base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
+                epochs=2, batch_size=64, verbose=0, seed=1, deterministic=True,
+                keep_checkpoints=2, model_dir=str(model_dir))
+    base.update(kwargs)
+    return TrainConfig(**base)
+
+
+def _digests(directory):
+    """``{name: sha256}`` of every file under ``directory``."""
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    """A finished 2-epoch run (checkpoints at steps 4 and 8) and the same run
+    trained straight through 3 epochs, for comparison."""
+    root = tmp_path_factory.mktemp("runs")
+    train(_config(root / "two"), quiet)
+    straight = train(_config(root / "straight", epochs=3), quiet)
+    return root / "two", straight
+
+
+def _delete(path):
+    os.remove(path)
+
+
+def _garble(path):
+    with open(path, "w") as f:
+        f.write('{"step": ')
+
+
+DAMAGE = {
+    "state.json deleted": [("checkpoints/state.json", _delete)],
+    "state.json garbled": [("checkpoints/state.json", _garble)],
+    "run.json deleted": [("run.json", _delete)],
+    "run.json garbled": [("run.json", _garble)],
+    "both deleted": [("checkpoints/state.json", _delete), ("run.json", _delete)],
+    "both garbled": [("checkpoints/state.json", _garble), ("run.json", _garble)],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_run_without_its_index_files_resumes_from_its_newest_checkpoint(
+        tmp_path, two_epochs, damage):
+    finished, straight = two_epochs
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    for name, harm in DAMAGE[damage]:
+        harm(run / name)
+    newest = run / "checkpoints" / "ckpt-000000008.weights.h5"
+    before = newest.read_bytes()
+    lines = []
+    with pytest.warns(UserWarning, match=r"(missing|not readable)"):
+        result = train(_config(run, epochs=3), lines.append)
+    assert any("resuming from the checkpoint at step 8 (epoch 2)" in line for line in lines)
+    assert result["steps"] == 12
+    # Exactly the run trained straight through: the same losses and weights.
+    assert [r["loss"] for r in result["history"]] == [r["loss"] for r in straight["history"]]
+    ours = keras.models.load_model(result["model_path"]).get_weights()
+    reference = keras.models.load_model(straight["model_path"]).get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(ours, reference))
+    # The checkpoint it resumed from is untouched (kept: keep_checkpoints=2).
+    assert newest.read_bytes() == before
+    assert sorted(p.name for p in (run / "checkpoints").glob("ckpt-*.weights.h5")) == [
+        "ckpt-000000008.weights.h5", "ckpt-000000012.weights.h5"]
+    # Both index files are whole again.
+    assert json.loads((run / "run.json").read_text())["identity"]["seed"] == 1
+    assert json.loads((run / "checkpoints" / "state.json").read_text())["step"] == 12
+
+
+@pytest.mark.parametrize("damage", ["run.json deleted", "run.json garbled", "both deleted"])
+def test_changed_flags_without_run_json_are_named_from_the_checkpoints_record(
+        tmp_path, two_epochs, damage):
+    finished, _ = two_epochs
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    for name, harm in DAMAGE[damage]:
+        harm(run / name)
+    files = _digests(run)
+    with pytest.warns(UserWarning), pytest.raises(ConfigError) as error:
+        train(_config(run, epochs=3, depth=4), quiet)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "as its checkpoint of step 8 records them" in message
+    assert "depth: 3 != 4" in message and "can be read" not in message
+    assert _digests(run) == files   # nothing written, nothing removed
+
+
+def test_checkpoints_without_a_record_of_their_flags_are_refused_not_trained_over(
+        tmp_path, two_epochs):
+    finished, _ = two_epochs
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "run.json").unlink()
+    for state in (run / "checkpoints").glob("*.json"):
+        saved = json.loads(state.read_text())
+        saved.pop("identity", None)
+        state.write_text(json.dumps(saved))
+    files = _digests(run)
+    with pytest.raises(ConfigError, match=r"run.json is missing and the checkpoints in .* "
+                                          r"keep no record of the flags .* restore run.json"):
+        train(_config(run, epochs=3), quiet)
+    assert _digests(run) == files
+
+
+def test_checkpoints_without_any_readable_state_are_refused_not_trained_over(
+        tmp_path, two_epochs):
+    finished, _ = two_epochs
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    for state in (run / "checkpoints").glob("*.json"):
+        state.unlink()
+    files = _digests(run)
+    with pytest.raises(ConfigError, match=r"state.json is missing and no checkpoint in .* "
+                                          r"has a state of its own .*; nothing was changed"):
+        train(_config(run, epochs=3), quiet)
+    assert _digests(run) == files
+
+
+def _tiny_model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def test_a_checkpoint_the_run_did_not_write_is_set_aside_never_overwritten(tmp_path):
+    """A run that had to resume from an older checkpoint (the newest one is
+    unreadable) keeps the unreadable one under another name when it reaches
+    its step, and its keep policy removes only its own run's checkpoints."""
+    directory = str(tmp_path / "checkpoints")
+    first = checkpoints.Checkpointer(directory, keep=3, identity={"seed": 1})
+    model = _tiny_model()
+    for step in (1, 2, 3):
+        first.save(model, step=step, epoch=step, history=[])
+    newest = os.path.join(directory, "ckpt-000000003.weights.h5")
+    with open(newest, "r+b") as f:
+        f.truncate(100)
+    damaged = open(newest, "rb").read()
+
+    second = checkpoints.Checkpointer(directory, keep=1, identity={"seed": 1})
+    with pytest.warns(UserWarning, match="skipped unreadable checkpoint"):
+        assert second.restore(_tiny_model())["step"] == 2
+    with pytest.warns(UserWarning, match="kept the checkpoint ckpt-000000003.weights.h5, "
+                                         "which this run did not write, as "):
+        second.save(model, step=3, epoch=3, history=[])
+    assert open(newest + ".unread", "rb").read() == damaged
+    second.save(model, step=4, epoch=4, history=[])
+    names = sorted(os.listdir(directory))
+    assert "ckpt-000000004.weights.h5" in names and "ckpt-000000003.weights.h5.unread" in names
+    assert not any(n.startswith(("ckpt-000000001.", "ckpt-000000002.", "ckpt-000000003.w"))
+                   and n.endswith(".h5") for n in names)
+    state = json.load(open(os.path.join(directory, "ckpt-000000004.state.json")))
+    assert state["identity"] == {"seed": 1} and state["step"] == 4
+
+
+def test_state_json_behind_the_newest_checkpoint_resumes_from_the_newest(tmp_path):
+    """Killed after a checkpoint was written but before state.json named it:
+    the newest checkpoint (its own state) is the one resumed."""
+    directory = str(tmp_path / "checkpoints")
+    saver = checkpoints.Checkpointer(directory, keep=3)
+    model = _tiny_model()
+    saver.save(model, step=1, epoch=1, history=[])
+    index = open(saver.state_path).read()
+    saver.save(model, step=2, epoch=2, history=[])
+    with open(saver.state_path, "w") as f:
+        f.write(index)
+    assert checkpoints.Checkpointer(directory).latest()["step"] == 2
+
+
+def test_a_lock_file_that_is_a_directory_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    (run / ".lock").mkdir(parents=True)
+    with pytest.raises(ConfigError) as error:
+        train(_config(run, epochs=1), quiet)
+    message = str(error.value)
+    assert "\n" not in message and ".lock is a directory" in message
+    assert "it is the run's lock file: remove it" in message
+    assert not os.path.exists(run / "run.json")
