@@ -65,6 +65,24 @@ def degradation_verdict(errors, shallow, deep, images, iterations):
     return f"does not show at {iterations} iterations: " + text
 
 
+def left_chance(rows, below=0.85):
+    """The first logged iteration whose training error is under ``below``
+    (chance on 10 classes is 0.90), or None when the run never got there."""
+    for row in rows:
+        if row["train_error"] is not None and row["train_error"] < below:
+            return row["step"]
+    return None
+
+
+def points_above(rows, other):
+    """``(n, of)``: at how many of the iterations both runs logged ``rows``'
+    training error is above ``other``'s."""
+    theirs = {row["step"]: row["train_error"] for row in other}
+    common = [(row["train_error"], theirs[row["step"]]) for row in rows
+              if row["step"] in theirs]
+    return sum(a > b for a, b in common), len(common)
+
+
 def looks_linear_verdict(errors, depths, images):
     """Fig. 6's statement at this scale from ``{key: training error}``: the
     ReLU net gets worse with depth and, at the deepest, is worse than the

@@ -135,7 +135,7 @@ CLAIMS = (
           "residual twin does not.", "CIFAR-10: plain-56 above plain-20 in training error "
           "throughout; ResNet-56 6.97% against ResNet-20 8.75% test error",
           "degradation_cifar10.md", ("experiments.degradation", DATA),
-          "plain-20/56 and ResNet-20/56, the first 200 of 64k iterations of the cifar recipe "
+          "plain-20/56 and ResNet-20/56, the first 2,000 of 64k iterations of the cifar recipe "
           "at batch 128, 500 test images a point, 1 seed",
           ("experiments.degradation", DATA, "--iterations=64000", "--interval=400",
            "--test_examples=0", "--run_dir=runs/reproduce/degradation_paper",

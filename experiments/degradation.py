@@ -22,12 +22,14 @@ from experiments import _cli
 from experiments import _report
 from experiments import _runs
 from experiments._verdicts import degradation_verdict
+from experiments._verdicts import left_chance
+from experiments._verdicts import points_above
 from experiments._curves import tail_mean
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "CIFAR-10 data (tfds directory or offline files).")
 flags.DEFINE_list("depths", ["20", "56"], "The shallower and the deeper depth (6n+2).")
-flags.DEFINE_integer("iterations", 200, "Stop every run at this iteration of the recipe's "
+flags.DEFINE_integer("iterations", 2000, "Stop every run at this iteration of the recipe's "
                      "full schedule (64k iterations at batch 128).")
 flags.DEFINE_integer("interval", 25, "Iterations between two logged points (the training "
                      "error is their mean, with augmentation).")
@@ -108,6 +110,7 @@ def write_report():
         + (f"{FLAGS.test_examples} test images" if FLAGS.test_examples else "the test set")
         + ".\n\n"
         f"**Verdict**: {verdict_text}.\n\n"
+        + _curve_reading(rows, shallow, deep)
         + _chance_reading(runs, errors, window) +
         f"| net | trainable parameters | training error, last {window} iterations | test "
         f"error, last {window} iterations | images/s |\n| --- | --- | --- | --- | --- |\n")
@@ -133,6 +136,27 @@ def write_report():
 
 
 CHANCE = 0.9   # the training error of a net that has not started (10 classes)
+STARTED = 0.85  # a net whose training error is below this has left chance
+
+
+def _curve_reading(rows, shallow, deep):
+    """What the whole curves show (He et al. compare them throughout, Fig. 6):
+    where each net left chance, and at how many logged points the deeper net
+    is above the shallower one."""
+    parts = []
+    for key, label in ((f"resnet{deep}", f"ResNet-{deep}"), (f"plain{deep}", f"plain-{deep}"),
+                       (f"resnet{shallow}", f"ResNet-{shallow}"),
+                       (f"plain{shallow}", f"plain-{shallow}")):
+        step = left_chance(rows[key], STARTED)
+        parts.append(f"{label} at iteration {step}" if step is not None else
+                     f"{label} not within its {rows[key][-1]['step']} iterations")
+    text = (f"**The curves**: the training error first falls below {100 * STARTED:.0f}% "
+            f"(chance: 90%) for {', '.join(parts)}. ")
+    for kind, label in (("plain", "plain"), ("resnet", "ResNet")):
+        above, of = points_above(rows[f"{kind}{deep}"], rows[f"{kind}{shallow}"])
+        text += (f"{label}-{deep}'s training error is above {label}-{shallow}'s at {above} of "
+                 f"the {of} logged points" + ("; " if kind == "plain" else ".\n\n"))
+    return text
 
 
 def _chance_reading(runs, errors, window):

@@ -57,6 +57,20 @@ def test_degradation_verdict_needs_gaps_beyond_sampling_noise():
         "does not show at 200 iterations")
 
 
+def test_degradation_curves_name_where_a_net_leaves_chance():
+    from experiments._verdicts import left_chance
+    from experiments._verdicts import points_above
+
+    deep = [{"step": 25 * i, "train_error": e} for i, e in
+            enumerate([0.90, 0.89, 0.86, 0.84, 0.70], start=1)]
+    shallow = [{"step": 25 * i, "train_error": e} for i, e in
+               enumerate([0.85, 0.80, 0.87, 0.60], start=1)]
+    assert left_chance(deep) == 100 and left_chance(shallow) == 50
+    assert left_chance(deep, below=0.5) is None
+    assert points_above(deep, shallow) == (3, 4)   # the 4 iterations both logged
+    assert points_above(shallow, deep) == (1, 4)
+
+
 def test_looks_linear_verdict():
     from experiments._verdicts import looks_linear_verdict as verdict
 
