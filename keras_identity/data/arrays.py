@@ -193,8 +193,8 @@ class _Examples:
             return self.images[i], self.labels[i]
         if self.files is not None:
             path = self.files[0][i]
-            with open(path, "rb") as f:
-                return datasets_lib.decode_image(f.read(), 3, path), self.files[1][i]
+            encoded = datasets_lib.read_file(path)
+            return datasets_lib.decode_image(encoded, 3, path), self.files[1][i]
         example = self.source[int(i)]
         image = np.asarray(example["image"], np.uint8)
         return (image[..., None] if image.ndim == 2 else image), example["label"]

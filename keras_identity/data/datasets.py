@@ -19,19 +19,24 @@ in memory as uint8 arrays; ImageNet image folders are read file by file.
 """
 
 import dataclasses
+import errno
 import hashlib
 import os
+import stat
 import tarfile
 import zlib
 
 import numpy as np
 
+from keras_identity.data import image_headers
 from keras_identity.data.facts import DATASETS  # noqa: F401  (re-exported)
 from keras_identity.data.facts import IMAGE_SHAPES
 from keras_identity.data.facts import NUM_CLASSES
 BUILTIN_MNIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mnist.npz")
 _IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 _TEST_SPLIT_NAMES = ("test", "val", "validation")
+# What an image file that does not decode should be (the end of its refusal).
+EXPECTED_IMAGE = "expected a complete JPEG, PNG, GIF or BMP file"
 
 
 class DataError(ValueError):
@@ -162,6 +167,37 @@ def _read_npz(path):
                         f"{_first_line(error)}") from None
 
 
+# tf.data cannot raise a DataError: the error it raises for an image file it
+# cannot read (keras_identity.data.pipeline) carries one's message between these.
+TF_MESSAGE_START, TF_MESSAGE_END = "<DataError>", "</DataError>"
+
+
+def as_data_error(error):
+    """The :class:`DataError` that ``error``, raised while a model trains or
+    is evaluated, reports: ``error`` itself, or the one that a tf.data
+    pipeline raised inside TensorFlow (an ``InvalidArgumentError``) for an
+    image file it cannot read, naming it; ``None`` for any other error."""
+    if isinstance(error, DataError):
+        return error
+    text = str(error)
+    start, end = text.find(TF_MESSAGE_START), text.find(TF_MESSAGE_END)
+    if start < 0 or end < start:
+        return None
+    return DataError(text[start + len(TF_MESSAGE_START):end])
+
+
+def read_file(path):
+    """The bytes of the image file ``path``; :class:`DataError` naming it if
+    it cannot be read (removed, or unreadable, since it was listed)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as error:
+        raise DataError(f"cannot read the image {path} ({error.strerror or error}); an image "
+                        f"folder holds image files, or links to existing image files.") \
+            from None
+
+
 def _first_line(error):
     text = str(error).strip()
     return text.splitlines()[0][:200] if text else "no details"
@@ -175,8 +211,12 @@ def _as_images(path, key, array, notes):
                         f"(n, height, width) or (n, height, width, channels).")
     if array.dtype == np.uint8:
         return _expand_gray(array)
+    expected = "expected uint8 images, or float images in [0, 1] or [0, 255]"
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        # bool (a mask saved by mistake?), complex, strings, ...: never converted
+        raise DataError(f"{path}: {key} has dtype {array.dtype}; {expected}.")
     low = high = None
-    if array.size and np.issubdtype(array.dtype, np.number):
+    if array.size:
         low, high = float(np.min(array)), float(np.max(array))
     if np.issubdtype(array.dtype, np.floating) and low is not None and np.isfinite(
             [low, high]).all() and low >= 0.0 and high <= 255.0:
@@ -185,8 +225,7 @@ def _as_images(path, key, array, notes):
                      f"{'scaled by 255 and ' if scale == 255.0 else ''}rounded to uint8")
         return _expand_gray(np.round(array * scale).astype(np.uint8))
     value_range = "no values" if low is None else f"values in [{low:g}, {high:g}]"
-    raise DataError(f"{path}: {key} has dtype {array.dtype} with {value_range}; expected "
-                    f"uint8 images, or float images in [0, 1] or [0, 255].")
+    raise DataError(f"{path}: {key} has dtype {array.dtype} with {value_range}; {expected}.")
 
 
 def _as_labels(path, key, array, num_images, classes, notes):
@@ -230,31 +269,53 @@ def _from_npz(path, name):
         y_train=y_train, x_test=x_test, y_test=y_test, fingerprint=fingerprint(path))
 
 
+def check_pixels(data, name):
+    """Raises :class:`DataError` naming ``name`` if the header of the image
+    bytes ``data`` declares more than ``image_headers.MAX_IMAGE_PIXELS``
+    pixels (read before decoding: a small file can declare gigabytes)."""
+    reason = image_headers.too_many_pixels(data, name)
+    if reason:
+        raise DataError(reason)
+
+
 def decode_image(data, channels, name="image"):
     """Decodes the bytes of a JPEG/PNG/BMP/GIF file into a uint8 array
     ``(height, width, channels)`` (the first frame of an animation) with
-    Pillow; raises :class:`DataError` naming ``name`` if it does not decode."""
+    Pillow; raises :class:`DataError` naming ``name`` if it does not decode,
+    or if its header declares more than ``image_headers.MAX_IMAGE_PIXELS``
+    pixels (:func:`check_pixels`; other formats Pillow reads: the size it
+    reads from their header, before decoding)."""
     import io
 
     from PIL import Image
 
+    check_pixels(data, name)
     try:
         with Image.open(io.BytesIO(data)) as picture:
+            width, height = picture.size
+            if width * height > image_headers.MAX_IMAGE_PIXELS:
+                raise DataError(image_headers.describe_too_many(name, width, height))
             picture = picture.convert("L" if channels == 1 else "RGB")
             image = np.asarray(picture, np.uint8)
+    except DataError:
+        raise
     except Exception as error:  # PIL.UnidentifiedImageError, OSError, ...
         raise DataError(f"{name} is not a readable image ({type(error).__name__}: "
-                        f"{_first_line(error)}).") from None
+                        f"{_first_line(error)}); {EXPECTED_IMAGE}.") from None
     return image[..., None] if image.ndim == 2 else image
 
 
 def _decode_all(encoded, channels, names, source):
-    """Decodes JPEG/PNG byte strings into one uint8 array; a file that does not
-    decode, or whose size differs from the others, is named in the error.
+    """Decodes JPEG/PNG byte strings into one uint8 array; a file whose header
+    declares too many pixels (:func:`check_pixels`, before anything is
+    decoded), that does not decode, or whose size differs from the others, is
+    named in the error.
     TensorFlow decodes where it is installed (the tf.data route's decoder),
     Pillow elsewhere."""
     from keras_identity import _tensorflow
 
+    for data, name in zip(encoded, names):
+        check_pixels(data, f"{source}: {name}")
     if not _tensorflow.available():
         images, sizes = [], {}
         for data, name in zip(encoded, names):
@@ -296,7 +357,7 @@ def _raise_for_bad_image(encoded, channels, names, source):
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
         except tf.errors.OpError as error:
             raise DataError(f"{source}: {name} is not a readable image "
-                            f"({_first_line(error.message)}).") from None
+                            f"({_first_line(error.message)}); {EXPECTED_IMAGE}.") from None
         _note_size(sizes, image.shape, name, source)
 
 
@@ -312,11 +373,31 @@ def _split_of(parts):
     return None, None
 
 
+def _check_test_classes(source, train, test):
+    """Raises :class:`DataError` naming the class folders of the test split
+    (``test``: ``(class, file name)`` pairs) that have no training images
+    (``train``: ``(class, ...)`` tuples): the model would be trained on
+    fewer classes than the run reports, and score nothing on theirs."""
+    trained = {entry[0] for entry in train}
+    missing = {}
+    for cls, name in test:
+        if cls not in trained:
+            missing.setdefault(cls, os.path.dirname(name.replace("\\", "/")) + "/")
+    if missing:
+        folders = ", ".join(missing[cls] for cls in sorted(missing))
+        plural = len(missing) > 1
+        raise DataError(f"{source}: the test class folder{'s' if plural else ''} {folders} "
+                        f"ha{'ve' if plural else 's'} no training images; every test class "
+                        f"needs training images under train/<class>/ (a class only in "
+                        f"train/ is fine).")
+
+
 def _assemble(name, source, items, channels):
     classes = sorted({cls for split in items.values() for cls, _, _ in split})
     if not items["train"] or not items["test"]:
         raise DataError(f"{source} is not an image-folder tree: expected images under "
                         f"train/<class>/ and test/<class>/ (or val/<class>/).")
+    _check_test_classes(source, items["train"], [(c, n) for c, _, n in items["test"]])
     index = {cls: i for i, cls in enumerate(classes)}
     arrays = {}
     for split, entries in items.items():
@@ -361,7 +442,30 @@ def _from_archive(path, name):
     return _assemble(name, path, items, _channels(name))
 
 
+def _check_file(root, path):
+    """Raises :class:`DataError` unless ``path`` (an image of the folder
+    tree ``root``) is a regular file or a link to one: a link that loops or
+    points nowhere, or a FIFO, would fail (or block) only when read."""
+    rel = os.path.relpath(path, root)
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        if os.path.islink(path) and error.errno == errno.ELOOP:
+            problem = "is a symbolic link that loops"
+        elif os.path.islink(path):
+            problem = f"is a symbolic link to {os.path.realpath(path)}, which does not exist"
+        else:
+            problem = f"cannot be read ({error.strerror or error})"
+        raise DataError(f"{root}: {rel} {problem}; an image folder holds image files, or "
+                        f"links to existing image files.") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"{root}: {rel} is not a regular file; an image folder holds image "
+                        f"files, or links to existing image files.")
+
+
 def _list_folder(root):
+    """``{"train": [(class, path), ...], "test": [...]}`` of an image-folder
+    tree, sorted; every image is checked to be a readable file (:func:`_check_file`)."""
     files = {"train": [], "test": []}
     for dirpath, _, filenames in os.walk(root):
         for filename in sorted(filenames):
@@ -370,6 +474,7 @@ def _list_folder(root):
                 rel = os.path.relpath(path, root).replace(os.sep, "/").split("/")
                 split, cls = _split_of(rel)
                 if split:
+                    _check_file(root, path)
                     files[split].append((cls, path))
     for split in files:
         files[split].sort()
@@ -383,6 +488,8 @@ def _from_folder(root, name):
         if not files["train"] or not files["test"]:
             raise DataError(f"{root} is not an image-folder tree: expected train/<class>/ "
                             f"and val/<class>/.")
+        _check_test_classes(root, files["train"],
+                            [(c, os.path.relpath(p, root)) for c, p in files["test"]])
         index = {cls: i for i, cls in enumerate(classes)}
         as_lists = {s: ([p for _, p in e], np.array([index[c] for c, _ in e], np.int32))
                     for s, e in files.items()}
@@ -393,8 +500,7 @@ def _from_folder(root, name):
     items = {s: [] for s in files}
     for split, entries in files.items():
         for cls, path in entries:
-            with open(path, "rb") as f:
-                items[split].append((cls, f.read(), os.path.relpath(path, root)))
+            items[split].append((cls, read_file(path), os.path.relpath(path, root)))
     return _assemble(name, root, items, _channels(name))
 
 
@@ -520,7 +626,10 @@ def fingerprint(path):
         dirnames.sort()
         for filename in sorted(filenames):
             full = os.path.join(dirpath, filename)
-            info = os.stat(full)
+            try:
+                info = os.stat(full)
+            except OSError:  # a link that points nowhere (not an image: images are checked)
+                info = os.lstat(full)
             digest.update(f"{os.path.relpath(full, path)}:{info.st_size}:"
                           f"{info.st_mtime_ns}\n".encode())
     return f"tree-sha256:{digest.hexdigest()}"

@@ -6,11 +6,20 @@ workers and replicas.  Under a ``tf.distribute`` strategy each input pipeline
 (one per worker) keeps only its replicas' contiguous slices of every global
 batch (see :func:`distribute`), so a two-worker run computes the gradients
 of a single-device run.
+
+Image files (ImageNet folders) are decoded as they are read: one that does
+not decode, or whose header declares more pixels than are read
+(``image_headers.MAX_IMAGE_PIXELS``), stops the stream with an error that
+names it (see :func:`keras_identity.data.datasets.as_data_error`).
 """
+
+import re
 
 import tensorflow as tf
 
 from keras_identity.data import augment as augment_lib
+from keras_identity.data import datasets as datasets_lib
+from keras_identity.data import image_headers
 from keras_identity.data.augment import center_crop
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -36,8 +45,75 @@ def _seed(seed, position):
     return tf.stack([tf.cast(seed, tf.int64), tf.cast(position, tf.int64)])
 
 
+def _message(text):
+    """The message of an error raised inside tf.data for an image file, marked
+    so that :func:`keras_identity.data.datasets.as_data_error` finds it."""
+    return tf.strings.join([datasets_lib.TF_MESSAGE_START, text, datasets_lib.TF_MESSAGE_END])
+
+
+def _too_many_pixels(path, size):
+    """The one-line refusal of the file ``path`` whose header declares
+    ``size`` (``[height, width]``), as :mod:`~keras_identity.data.datasets` words it."""
+    marks = {"\x00": path, "\x01": tf.strings.as_string(size[1]),
+             "\x02": tf.strings.as_string(size[0])}
+    template = image_headers.describe_too_many("\x00", "\x01", "\x02")
+    return tf.strings.join([marks.get(piece, piece)
+                            for piece in re.split("([\x00-\x02])", template) if piece])
+
+
 def _decode_file(path):
-    return tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+    """``(image, refusal)`` of the image file ``path``: the decoded uint8
+    image and ``""``; or, for a header that declares more than
+    ``image_headers.MAX_IMAGE_PIXELS`` pixels, an empty image and why (it is
+    never decoded).  A file that does not read or decode raises."""
+    encoded = tf.io.read_file(path)
+    size = image_headers.tf_declared_size(encoded)
+    return tf.cond(
+        size[0] * size[1] > image_headers.MAX_IMAGE_PIXELS,
+        lambda: (tf.zeros([0, 0, 3], tf.uint8), _too_many_pixels(path, size)),
+        lambda: (tf.io.decode_image(encoded, channels=3, expand_animations=False),
+                 tf.constant("")))
+
+
+def _decode_files(indices, paths, labels, count=None):
+    """``(image, label)`` of the files ``paths[i]`` for the indices ``i`` of
+    the dataset ``indices``, in order (``count``: the number of indices of a
+    finite stream, ``None`` for an endless one).  A file that does not read
+    or decode, or whose header declares too many pixels, stops the stream
+    with an ``InvalidArgumentError`` naming it (its message one of a
+    :class:`DataError`, see ``datasets.as_data_error``).
+
+    tf.data cannot catch the error of an op and name its input, so the
+    files are decoded (in parallel) into a stream that drops the elements
+    that fail (``ignore_errors``), each element carrying its position and
+    the index before it: the element after a dropped one finds the gap and
+    names the file (a finite stream ends with a sentinel for its last file).
+    """
+    if count is not None:
+        indices = indices.concatenate(tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)))
+    numbered = indices.enumerate().scan(
+        tf.constant(-1, tf.int64),
+        lambda previous, element: (element[1], (element[0], element[1], previous)))
+
+    def decode(position, i, previous):
+        image, refusal = tf.cond(
+            i >= 0, lambda: _decode_file(tf.gather(paths, i)),
+            lambda: (tf.zeros([0, 0, 3], tf.uint8), tf.constant("")))  # the sentinel
+        return position, previous, image, tf.gather(labels, tf.maximum(i, 0)), refusal
+
+    def check(expected, element):
+        position, previous, image, label, refusal = element
+        problem = tf.cond(position > expected, lambda: tf.strings.join([
+            tf.gather(paths, tf.maximum(previous, 0)),
+            " is not a readable image (it does not read or decode: truncated or corrupt?); ",
+            datasets_lib.EXPECTED_IMAGE, "."]), lambda: refusal)
+        failed = tf.debugging.Assert(tf.equal(problem, ""), [_message(problem)])
+        with tf.control_dependencies([failed]):
+            return position + 1, (tf.identity(image), label)
+
+    stream = numbered.map(decode, num_parallel_calls=AUTOTUNE).ignore_errors()
+    stream = stream.scan(tf.constant(0, tf.int64), check)
+    return stream if count is None else stream.take(count)
 
 
 def _shard(input_context, batch_size):
@@ -110,16 +186,13 @@ def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=
     # Files (ImageNet folders) or tfds records, one example at a time.
     if data.tfds_train is not None:
         records, n = data.tfds_train
-        stream = records.shuffle(min(n, 20_000), seed=seed).repeat()
+        stream = records.shuffle(min(n, 20_000), seed=seed).repeat().skip(skip)
     else:
         n = data.num_train
-        paths = tf.constant(data.files_train[0])
-        file_labels = tf.constant(data.files_train[1])
-        stream = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
-        stream = stream.repeat().map(
-            lambda i: (_decode_file(tf.gather(paths, i)), tf.gather(file_labels, i)),
-            num_parallel_calls=AUTOTUNE)
-    stream = stream.skip(skip).enumerate()
+        index = tf.data.Dataset.range(n).shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        stream = _decode_files(index.repeat().skip(skip), tf.constant(data.files_train[0]),
+                               tf.constant(data.files_train[1]))
+    stream = stream.enumerate()
     if local != batch_size:
         stream = stream.filter(
             lambda position, _: tf.logical_and(position % batch_size >= first,
@@ -178,9 +251,9 @@ def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=
                     num_parallel_calls=AUTOTUNE)
         count = len(y)
     else:
-        source = data.tfds_test[0] if data.tfds_test is not None else (
-            tf.data.Dataset.from_tensor_slices(data.files_test).map(
-                lambda path, label: (_decode_file(path), label)))
+        source = data.tfds_test[0] if data.tfds_test is not None else _decode_files(
+            tf.data.Dataset.range(data.num_test), tf.constant(data.files_test[0]),
+            tf.constant(data.files_test[1]), count=data.num_test)
         ds = source.map(lambda image, label: (
             _output(center_crop(image, eval_resize, eval_crop), normalization, raw_pixels),
             label), num_parallel_calls=AUTOTUNE)

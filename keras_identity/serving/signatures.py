@@ -29,6 +29,7 @@ which TF Serving builds need not have).
 
 import tensorflow as tf
 
+from keras_identity.data import image_headers
 from keras_identity.data.augment import center_crop
 
 SIGNATURES = ("serving_default", "serving_bytes", "serving_uint8")
@@ -37,42 +38,13 @@ MAX_IMAGE_BYTES = 20 * 2 ** 20
 MAX_IMAGE_PIXELS = 36_000_000
 
 
-def _unsigned(encoded, start, length, little_endian):
-    """The unsigned integer of ``length`` bytes at ``start`` of a string."""
-    digits = tf.cast(tf.io.decode_raw(tf.strings.substr(encoded, start, length), tf.uint8),
-                     tf.int64)
-    powers = [256 ** i for i in range(length)]
-    weights = tf.constant(powers if little_endian else powers[::-1], tf.int64)
-    return tf.reduce_sum(digits[:length] * weights[:tf.shape(digits)[0]])
-
-
 def image_pixels(encoded):
     """Height x width that an image's header declares (JPEG, PNG, GIF, BMP),
     without decoding; -1 for bytes of another format (which the bytes
-    signature refuses: TensorFlow decodes more formats than it can bound)."""
-    length = tf.strings.length(encoded)
-
-    def starts_with(prefix):
-        return tf.logical_and(length >= len(prefix) + 8,
-                              tf.equal(tf.strings.substr(encoded, 0, len(prefix)), prefix))
-
-    def jpeg():
-        return tf.reduce_prod(tf.cast(tf.image.extract_jpeg_shape(encoded)[:2], tf.int64))
-
-    def png():  # IHDR: width, height as big-endian 32-bit at bytes 16 and 20
-        return _unsigned(encoded, 16, 4, False) * _unsigned(encoded, 20, 4, False)
-
-    def gif():  # logical screen: little-endian 16-bit at bytes 6 and 8
-        return _unsigned(encoded, 6, 2, True) * _unsigned(encoded, 8, 2, True)
-
-    def bmp():  # BITMAPINFOHEADER: little-endian 32-bit at 18 and 22 (height signed)
-        height = _unsigned(encoded, 22, 4, True)
-        height = tf.where(height >= 2 ** 31, 2 ** 32 - height, height)
-        return _unsigned(encoded, 18, 4, True) * height
-
-    return tf.case([(starts_with(b"\xff\xd8"), jpeg), (starts_with(b"\x89PNG"), png),
-                    (starts_with(b"GIF"), gif), (starts_with(b"BM"), bmp)],
-                   default=lambda: tf.constant(-1, tf.int64), exclusive=True)
+    signature refuses: TensorFlow decodes more formats than it can bound).
+    The header is read by :func:`keras_identity.data.image_headers.tf_declared_pixels`,
+    as the training pipelines read it."""
+    return image_headers.tf_declared_pixels(encoded)
 
 
 def _shape_check(images, height, width, channels):

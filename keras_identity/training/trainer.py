@@ -742,6 +742,11 @@ def _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step
             f"cannot write into {work_dir} ({error.strerror or error}); the checkpoint of "
             f"step {run.checkpointer.latest_step()} is intact: free space and run the same "
             f"command to resume") from None
+    except Exception as error:  # an image that stops the input stream, named in one line
+        data_error = datasets_lib.as_data_error(error)
+        if data_error is None:
+            raise
+        raise ConfigError(str(data_error)) from None
 
 
 def _train(run, print_fn, started):

@@ -1,0 +1,144 @@
+"""The size an image file's header declares, read before anything is decoded.
+
+A decoder allocates what the header declares: a PNG of a few kilobytes can
+declare 20000x20000 pixels (1.2 GB once decoded).  Every place that decodes
+image files (the loading of in-memory datasets, the tf.data file pipeline,
+the Pillow decoder of the JAX route, serving's bytes signature) first reads
+the size from the header of the four formats TensorFlow decodes (JPEG, PNG,
+GIF, BMP) and refuses an image over its bound:
+
+* :func:`declared_size` reads Python bytes (no TensorFlow needed);
+* :func:`tf_declared_size` and :func:`tf_declared_pixels` read a string
+  tensor in a TensorFlow graph (tf.data, exported serving functions).
+
+Both read the same fields: a JPEG's frame header (SOF), a PNG's IHDR, a
+GIF's logical screen, a BMP's BITMAPINFOHEADER.
+"""
+
+# The bound on an image's pixels when reading datasets (training and test
+# images): Pillow's default ``Image.MAX_IMAGE_PIXELS`` (a 9459x9459 image,
+# 268 MB of RGB once decoded), so that both routes refuse the same images.
+MAX_IMAGE_PIXELS = 89_478_485
+
+_PNG = b"\x89PNG"
+# JPEG frame headers (SOF0-SOF15), less DHT (C4), JPG (C8) and DAC (CC).
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Markers without a length field: TEM, RST0-RST7, SOI.
+_JPEG_STANDALONE = frozenset([0x01, 0xD8, *range(0xD0, 0xD8)])
+
+
+def _unsigned(data, start, length, little_endian):
+    return int.from_bytes(data[start:start + length], "little" if little_endian else "big")
+
+
+def _jpeg_size(data):
+    """``(height, width)`` of the JPEG's frame header, or ``None`` if the
+    markers before it are cut short or broken."""
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker in _JPEG_STANDALONE:
+            i += 2
+        elif marker in _JPEG_FRAMES:
+            if i + 9 > len(data):
+                return None
+            return _unsigned(data, i + 5, 2, False), _unsigned(data, i + 7, 2, False)
+        elif marker in (0xD9, 0xDA):  # end of image, or scan data before any frame
+            return None
+        else:
+            i += 2 + _unsigned(data, i + 2, 2, False)
+    return None
+
+
+def declared_size(data):
+    """``(height, width)`` that the header of the image bytes ``data``
+    declares (JPEG, PNG, GIF, BMP), without decoding; ``None`` for bytes of
+    another format, or a header cut short."""
+    data = bytes(data)
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_size(data)
+    if len(data) < 24:
+        return None
+    if data.startswith(_PNG):  # IHDR: width, height as big-endian 32-bit at 16 and 20
+        return _unsigned(data, 20, 4, False), _unsigned(data, 16, 4, False)
+    if data.startswith(b"GIF"):  # logical screen: little-endian 16-bit at 6 and 8
+        return _unsigned(data, 8, 2, True), _unsigned(data, 6, 2, True)
+    if data.startswith(b"BM") and len(data) >= 26:  # BITMAPINFOHEADER, height signed
+        height = _unsigned(data, 22, 4, True)
+        height = 2 ** 32 - height if height >= 2 ** 31 else height
+        return height, _unsigned(data, 18, 4, True)
+    return None
+
+
+def too_many_pixels(data, name, bound=MAX_IMAGE_PIXELS):
+    """The one-line reason to refuse image bytes ``data`` (named ``name``)
+    whose header declares more than ``bound`` pixels, or ``None``."""
+    size = declared_size(data)
+    if size is None or size[0] * size[1] <= bound:
+        return None
+    return describe_too_many(name, size[1], size[0], bound)
+
+
+def describe_too_many(name, width, height, bound=MAX_IMAGE_PIXELS):
+    """``name: its header declares WIDTHxHEIGHT pixels; ...`` (one line)."""
+    return (f"{name}: its header declares {width}x{height} pixels; images of at most "
+            f"{bound:,} pixels are read (a decompression bomb, or an image to resize), so "
+            f"it is not decoded.")
+
+
+def _tf_unsigned(encoded, start, length, little_endian):
+    """The unsigned integer of ``length`` bytes at ``start`` of a string tensor."""
+    import tensorflow as tf
+
+    digits = tf.cast(tf.io.decode_raw(tf.strings.substr(encoded, start, length), tf.uint8),
+                     tf.int64)
+    powers = [256 ** i for i in range(length)]
+    weights = tf.constant(powers if little_endian else powers[::-1], tf.int64)
+    return tf.reduce_sum(digits[:length] * weights[:tf.shape(digits)[0]])
+
+
+def tf_declared_size(encoded):
+    """``[height, width]`` (int64) that the header of an encoded image (a
+    scalar string tensor) declares (JPEG, PNG, GIF, BMP), without decoding;
+    ``[-1, -1]`` for bytes of another format.  A JPEG whose markers are
+    broken before its frame header raises ``InvalidArgumentError``
+    (``tf.image.extract_jpeg_shape``)."""
+    import tensorflow as tf
+
+    length = tf.strings.length(encoded)
+
+    def starts_with(prefix):
+        return tf.logical_and(length >= len(prefix) + 8,
+                              tf.equal(tf.strings.substr(encoded, 0, len(prefix)), prefix))
+
+    def jpeg():
+        return tf.cast(tf.image.extract_jpeg_shape(encoded)[:2], tf.int64)
+
+    def png():
+        return tf.stack([_tf_unsigned(encoded, 20, 4, False),
+                         _tf_unsigned(encoded, 16, 4, False)])
+
+    def gif():
+        return tf.stack([_tf_unsigned(encoded, 8, 2, True), _tf_unsigned(encoded, 6, 2, True)])
+
+    def bmp():
+        height = _tf_unsigned(encoded, 22, 4, True)
+        height = tf.where(height >= 2 ** 31, 2 ** 32 - height, height)
+        return tf.stack([height, _tf_unsigned(encoded, 18, 4, True)])
+
+    return tf.case([(starts_with(b"\xff\xd8"), jpeg), (starts_with(_PNG), png),
+                    (starts_with(b"GIF"), gif), (starts_with(b"BM"), bmp)],
+                   default=lambda: tf.constant([-1, -1], tf.int64), exclusive=True)
+
+
+def tf_declared_pixels(encoded):
+    """Height x width that an encoded image's header declares (see
+    :func:`tf_declared_size`); -1 for bytes of another format."""
+    import tensorflow as tf
+
+    size = tf_declared_size(encoded)
+    return tf.where(size[0] < 0, tf.constant(-1, tf.int64), size[0] * size[1])
