@@ -432,7 +432,7 @@ def _read_run_file(path):
         if not isinstance(saved, dict) or not isinstance(saved.get("identity"), dict):
             raise KeyError("identity")
         return saved, None
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None, "is missing"
     except (OSError, ValueError, KeyError, TypeError) as error:
         return None, f"is not readable ({type(error).__name__})"
