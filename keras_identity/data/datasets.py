@@ -316,6 +316,9 @@ def _decode_all(encoded, channels, names, source):
 
     for data, name in zip(encoded, names):
         check_pixels(data, f"{source}: {name}")
+        if image_headers.declared_size(data) is None:  # WebP, ...: decoded unbounded
+            raise DataError(f"{source}: {name} is not a readable image (no JPEG, PNG, GIF or "
+                            f"BMP header); {EXPECTED_IMAGE}.")
     if not _tensorflow.available():
         images, sizes = [], {}
         for data, name in zip(encoded, names):

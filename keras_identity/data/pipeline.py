@@ -68,11 +68,16 @@ def _decode_file(path):
     never decoded).  A file that does not read or decode raises."""
     encoded = tf.io.read_file(path)
     size = image_headers.tf_declared_size(encoded)
-    return tf.cond(
-        size[0] * size[1] > image_headers.MAX_IMAGE_PIXELS,
-        lambda: (tf.zeros([0, 0, 3], tf.uint8), _too_many_pixels(path, size)),
-        lambda: (tf.io.decode_image(encoded, channels=3, expand_animations=False),
-                 tf.constant("")))
+    empty = tf.zeros([0, 0, 3], tf.uint8)
+    # Another format (WebP, ...: TensorFlow would decode it unbounded) is refused.
+    return tf.case([
+        (size[0] < 0, lambda: (empty, tf.strings.join([
+            path, " is not a readable image (no JPEG, PNG, GIF or BMP header); ",
+            datasets_lib.EXPECTED_IMAGE, "."]))),
+        (size[0] * size[1] > image_headers.MAX_IMAGE_PIXELS,
+         lambda: (empty, _too_many_pixels(path, size)))],
+        default=lambda: (tf.io.decode_image(encoded, channels=3, expand_animations=False),
+                         tf.constant("")), exclusive=False)
 
 
 def _decode_files(indices, paths, labels, count=None):

@@ -92,10 +92,14 @@ def out_of_space(error):
 class Checkpointer:
     """Saves and restores the training state in ``<model_dir>/checkpoints``."""
 
-    def __init__(self, directory, keep=2, identity=None):
+    def __init__(self, directory, keep=2, identity=None, owns_directory=False):
+        """``owns_directory``: every checkpoint in ``directory`` is this run's
+        (a TensorFlow worker's or a JAX process's own folder, never resumed
+        from), so the keep policy may remove any of them."""
         self.directory = directory
         self.keep = max(1, int(keep))
         self.identity = identity
+        self.owns_directory = owns_directory
         self.state_path = os.path.join(directory, "state.json")
         self._written = set()       # checkpoints this object wrote
         self._continued_step = -1   # the step of the checkpoint restored (-1: none)
@@ -121,7 +125,7 @@ class Checkpointer:
                                             f"free, about {needed / 2 ** 20:.1f} MiB needed")
             written.append(temporary)
             model.save_weights(temporary)
-            if os.path.exists(path) and path not in self._written:
+            if os.path.exists(path) and path not in self._written and not self.owns_directory:
                 self._set_aside(path)
             os.replace(temporary, path)
             self._written.add(path)
@@ -149,8 +153,8 @@ class Checkpointer:
                    "no checkpoint was written")) from None
         # Only this run's own checkpoints make room: those it wrote and those
         # of the run it continues (at or before the step it restored).
-        own = [f for f in self._weights_files()
-               if f in self._written or _step_of(f) <= self._continued_step]
+        own = [f for f in self._weights_files() if self.owns_directory
+               or f in self._written or _step_of(f) <= self._continued_step]
         for old in own[:-self.keep]:
             os.remove(old)
             self._written.discard(old)
@@ -180,7 +184,8 @@ class Checkpointer:
         return None if state is None else state["step"]
 
     def _weights_files(self):
-        return sorted(f for f in glob.glob(os.path.join(self.directory, "ckpt-*.weights.h5"))
+        pattern = os.path.join(glob.escape(self.directory), "ckpt-*.weights.h5")
+        return sorted(f for f in glob.glob(pattern)
                       if not f.endswith(".partial.weights.h5"))
 
     def latest(self):
@@ -203,8 +208,8 @@ class Checkpointer:
             try:
                 with open(self.state_path) as f:
                     state = json.load(f)
-                if not isinstance(state, dict) or not {"step", "epoch", "weights"} <= set(state):
-                    raise ValueError("missing step/epoch/weights")
+                if not _is_state(state):
+                    raise ValueError("missing or invalid step/epoch/weights")
                 if newest is None or state["step"] >= newest["step"]:
                     return state
                 return newest  # saved, but stopped before state.json was updated
@@ -233,7 +238,7 @@ class Checkpointer:
                     state = json.load(f)
             except (OSError, ValueError):
                 continue
-            if isinstance(state, dict) and {"step", "epoch", "weights"} <= set(state):
+            if _is_state(state):
                 found.append((path, state))
         return found
 
@@ -269,6 +274,13 @@ class Checkpointer:
             return candidate
         raise CheckpointError(f"no checkpoint in {self.directory} can be read: "
                               f"{', '.join(skipped)}; use a new --model_dir.")
+
+
+def _is_state(state):
+    """Whether ``state`` (read from JSON) is a checkpoint's state."""
+    return (isinstance(state, dict) and {"step", "epoch", "weights"} <= set(state)
+            and all(isinstance(state[k], int) and not isinstance(state[k], bool)
+                    for k in ("step", "epoch")) and isinstance(state["weights"], str))
 
 
 def _state_of(weights_path):

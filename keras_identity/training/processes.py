@@ -112,7 +112,10 @@ def check_port_free(coordinator_address):
     port (JAX's coordination service would crash the process instead)."""
     port = int(coordinator_address.rsplit(":", 1)[1])
     family = socket.AF_INET6 if coordinator_address.startswith("[") else socket.AF_INET
-    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return  # no such address family here: jax.distributed says what fails
     try:
         # A port left in TIME_WAIT by an earlier run is free to listen on.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -850,7 +850,7 @@ def _train(run, print_fn, started):
     title = f"{model.name} on {data.name} ({recipe.name} recipe)"
     recorder = callbacks_lib.RunRecorder(
         checkpointer=checkpointer if chief else checkpoints.Checkpointer(
-            os.path.join(work_dir, "checkpoints"), keep=1),
+            os.path.join(work_dir, "checkpoints"), keep=1, owns_directory=True),
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None))

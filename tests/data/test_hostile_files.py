@@ -147,7 +147,8 @@ def _truncated_jpeg():
     (_truncated_jpeg(), "is not a readable image"),
     (_png_claiming(20000, 20000), "its header declares 20000x20000 pixels; images of at most "
                                   "89,478,485 pixels are read"),
-], ids=["truncated", "bomb"])
+    (_encode(7, format="WEBP"), "no JPEG, PNG, GIF or BMP header"),
+], ids=["truncated", "bomb", "webp"])
 def test_tf_data_names_the_file_that_does_not_decode(tmp_path, content, words):
     import tensorflow as tf
 

@@ -208,3 +208,45 @@ def test_a_lock_file_that_is_a_directory_is_one_line(tmp_path):
     assert "\n" not in message and ".lock is a directory" in message
     assert "it is the run's lock file: remove it" in message
     assert not os.path.exists(run / "run.json")
+
+
+def test_a_workers_own_folder_keeps_only_its_newest_checkpoints_across_runs(tmp_path):
+    """A TensorFlow worker's (or JAX process's) folder is its own: a new run's
+    checkpointer, which never restores from it, still keeps only ``keep``."""
+    directory = str(tmp_path / ".worker1" / "checkpoints")
+    model = _tiny_model()
+    checkpoints.Checkpointer(directory, keep=1, owns_directory=True).save(
+        model, step=8, epoch=2, history=[])
+    again = checkpoints.Checkpointer(directory, keep=1, owns_directory=True)
+    again.save(model, step=4, epoch=1, history=[])   # a rerun from an older step
+    again.save(model, step=8, epoch=2, history=[])
+    assert sorted(os.listdir(directory)) == ["ckpt-000000008.state.json",
+                                             "ckpt-000000008.weights.h5", "state.json"]
+
+
+def test_a_directory_name_with_glob_characters_keeps_its_checkpoints(tmp_path):
+    directory = str(tmp_path / "run[1]*?" / "checkpoints")
+    saver = checkpoints.Checkpointer(directory, keep=2)
+    model = _tiny_model()
+    for step in (1, 2, 3):
+        saver.save(model, step=step, epoch=step, history=[])
+    assert sorted(f for f in os.listdir(directory) if f.endswith(".h5")) == [
+        "ckpt-000000002.weights.h5", "ckpt-000000003.weights.h5"]
+    os.remove(saver.state_path)
+    with pytest.warns(UserWarning, match="state.json is missing"):
+        assert checkpoints.Checkpointer(directory).latest()["step"] == 3
+
+
+def test_a_state_whose_step_is_not_a_number_is_not_used(tmp_path):
+    directory = str(tmp_path / "checkpoints")
+    saver = checkpoints.Checkpointer(directory, keep=3)
+    model = _tiny_model()
+    saver.save(model, step=1, epoch=1, history=[])
+    saver.save(model, step=2, epoch=2, history=[])
+    for name in ("state.json", "ckpt-000000002.state.json"):
+        path = os.path.join(directory, name)
+        state = json.load(open(path))
+        state["step"] = "x"
+        json.dump(state, open(path, "w"))
+    with pytest.warns(UserWarning, match="not readable"):
+        assert checkpoints.Checkpointer(directory).latest()["step"] == 1
