@@ -79,6 +79,18 @@ CLAIMS = (
           "resnet_ablations_20.md", _ABLATIONS_CPU,
           "ResNet-20, 800 iterations (2 epochs), 3 seeds, cases (a), (c), (e)",
           _ablations_110("2"), "5 cases x 5 seeds; " + _GPU_110),
+    Claim("he_tables_schedule", "He et al. 2016, Tables 1 and 2 (a whole schedule)",
+          "Constant scaling 0.5 and exclusive gating at b_g = 0 train worse than identity; "
+          "full pre-activation (e) better, after the learning-rate drops.",
+          "identity 6.61%; scaling 0.5 fail; exclusive b_g=0 fail; (e) 6.37% (ResNet-110)",
+          "resnet_ablations_20_schedule.md",
+          ("experiments.resnet_ablations", DATA, "--depth=20", "--train_steps=3120",
+           "--seeds=0", "--cases=original,scale05,exclusive0,full_preactivation",
+           "--run_dir=runs/reproduce/resnet_ablations_schedule",
+           "--report=resnet_ablations_20_schedule.md"),
+          "ResNet-20, the cifar recipe compressed to 3,120 iterations (8 epochs; lr /10 at "
+          "1,560 and 2,340), 1 seed, 4 cases",
+          _ablations_110("1"), "11 cases x 5 seeds; " + _GPU_110),
     Claim("he_gating_units", "He et al. 2016, Table 1 against Srivastava (2025)",
           "Exclusive gating (b_g = -6) trains worse than the identity shortcut; Srivastava "
           "(2025) argues this follows from the paper's design choices (e.g. the ReLU after "
