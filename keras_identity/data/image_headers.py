@@ -54,6 +54,37 @@ def _jpeg_size(data):
     return None
 
 
+def _gif_size(data):
+    """``(height, width)`` a GIF decodes to: its logical screen (little-endian
+    16-bit at 6 and 8) or, larger, the extent of a frame (TensorFlow decodes
+    to the frames' extent, which a crafted file makes larger than the screen).
+    The blocks are walked without decoding; ``None`` if they are cut short."""
+    height, width = _unsigned(data, 8, 2, True), _unsigned(data, 6, 2, True)
+    i = 13 + (3 << ((data[10] & 0x07) + 1) if data[10] & 0x80 else 0)  # global colour table
+
+    def skip_sub_blocks(i):
+        while i < len(data) and data[i]:
+            i += 1 + data[i]
+        return i + 1
+
+    while i < len(data):
+        block = data[i]
+        if block == 0x3B:  # trailer
+            break
+        if block == 0x21:  # extension: label, then sub-blocks
+            i = skip_sub_blocks(i + 2)
+        elif block == 0x2C and i + 10 <= len(data):  # image descriptor
+            left, top = _unsigned(data, i + 1, 2, True), _unsigned(data, i + 3, 2, True)
+            width = max(width, left + _unsigned(data, i + 5, 2, True))
+            height = max(height, top + _unsigned(data, i + 7, 2, True))
+            flags = data[i + 9]
+            i += 10 + (3 << ((flags & 0x07) + 1) if flags & 0x80 else 0)
+            i = skip_sub_blocks(i + 1)  # the LZW code size, then the image data
+        else:
+            return None
+    return height, width
+
+
 def declared_size(data):
     """``(height, width)`` that the header of the image bytes ``data``
     declares (JPEG, PNG, GIF, BMP), without decoding; ``None`` for bytes of
@@ -65,8 +96,8 @@ def declared_size(data):
         return None
     if data.startswith(_PNG):  # IHDR: width, height as big-endian 32-bit at 16 and 20
         return _unsigned(data, 20, 4, False), _unsigned(data, 16, 4, False)
-    if data.startswith(b"GIF"):  # logical screen: little-endian 16-bit at 6 and 8
-        return _unsigned(data, 8, 2, True), _unsigned(data, 6, 2, True)
+    if data.startswith(b"GIF"):
+        return _gif_size(data)
     if data.startswith(b"BM") and len(data) >= 26:  # BITMAPINFOHEADER, height signed
         height = _unsigned(data, 22, 4, True)
         height = 2 ** 32 - height if height >= 2 ** 31 else height

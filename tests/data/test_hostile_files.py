@@ -323,3 +323,15 @@ def test_a_boolean_npz_is_refused_saying_what_it_is(tmp_path):
     message = _one_line(error)
     assert message == (f"{path}: x_train has dtype bool; expected uint8 images, or float "
                        f"images in [0, 1] or [0, 255].")
+
+
+def test_a_gif_frame_larger_than_its_screen_is_bounded_by_the_frame():
+    """TensorFlow decodes a GIF to its frames' extent: a 2x2 screen hiding a
+    20000x20000 frame is measured by the frame."""
+    screen = b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0, 0, 0)
+    frame = b"\x2c" + struct.pack("<HHHHB", 0, 0, 20000, 20000, 0) + b"\x02\x01\x44\x00"
+    crafted = screen + b"\x21\xf9\x04\x00\x00\x00\x00\x00" + frame + b"\x3b"
+    assert image_headers.declared_size(crafted) == (20000, 20000)
+    assert image_headers.declared_size(_encode(9, size=(30, 40), format="GIF")) == (30, 40)
+    with pytest.raises(DataError, match="its header declares 20000x20000 pixels"):
+        decode_image(crafted, 3, "bomb.gif")
