@@ -75,9 +75,13 @@ def write_report():
     rows = {key: _runs.history(run_dir(key)) for key, *_ in runs}
     errors = {key: tail_mean(r, "train_error", LAST_POINTS) for key, r in rows.items()}
     tests = {key: tail_mean(r, "test_error", LAST_POINTS) for key, r in rows.items()}
+    quarter = max(LAST_POINTS, len(rows[runs[0][0]]) // 4)
+    first_gaps = {kind: tail_mean(rows[f"{kind}{deep}"][:quarter], "train_error", LAST_POINTS)
+                  - tail_mean(rows[f"{kind}{shallow}"][:quarter], "train_error", LAST_POINTS)
+                  for kind in ("plain", "resnet")}
     verdict_text = degradation_verdict(errors, shallow, deep,
                                        LAST_POINTS * FLAGS.interval * FLAGS.batch_size,
-                                       FLAGS.iterations)
+                                       FLAGS.iterations, first_gaps)
     plan = recipes.resolve(recipes.get_recipe("cifar"), num_train=50_000,
                            batch_size=FLAGS.batch_size, depth=int(deep),
                            steps_per_epoch=FLAGS.interval)

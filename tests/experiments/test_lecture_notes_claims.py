@@ -52,6 +52,12 @@ def test_degradation_verdict_needs_gaps_beyond_sampling_noise():
         "training error by +10.0 points and the ResNets' by -1.0 (two standard errors")
     errors["resnet56"] = 0.35
     assert verdict(errors, "20", "56", 9600, 200).startswith("partly")
+    # Still above, but closing on the shallower net while the plain nets' gap does not.
+    closing = {"plain": 0.10, "resnet": 0.20}
+    assert verdict(errors, "20", "56", 9600, 200, closing).startswith(
+        "reproduces at this scale (the deeper ResNet closing on the shallower")
+    assert verdict(errors, "20", "56", 9600, 200, {"plain": 0.30, "resnet": 0.20}).startswith(
+        "partly")   # the plain nets' gap closed too
     # The same gaps measured on 96 images are noise.
     assert verdict(errors, "20", "56", 96, 200).startswith(
         "does not show at 200 iterations")
