@@ -61,13 +61,25 @@ def _too_many_pixels(path, size):
                             for piece in re.split("([\x00-\x02])", template) if piece])
 
 
+def _gif_size(encoded):
+    import numpy as np
+
+    return np.array(image_headers.declared_size(encoded) or (-1, -1), np.int64)
+
+
 def _decode_file(path):
     """``(image, refusal)`` of the image file ``path``: the decoded uint8
     image and ``""``; or, for a header that declares more than
     ``image_headers.MAX_IMAGE_PIXELS`` pixels, an empty image and why (it is
     never decoded).  A file that does not read or decode raises."""
     encoded = tf.io.read_file(path)
-    size = image_headers.tf_declared_size(encoded)
+    size = tf.cond(
+        tf.equal(tf.strings.substr(encoded, 0, 3), "GIF"),
+        # A GIF decodes to its frames' extent, which only walking its blocks
+        # finds (in Python: GIFs are rare in image folders; tf.data is never
+        # exported, so a Python function is fine here).
+        lambda: tf.reshape(tf.numpy_function(_gif_size, [encoded], tf.int64), [2]),
+        lambda: image_headers.tf_declared_size(encoded))
     empty = tf.zeros([0, 0, 3], tf.uint8)
     # Another format (WebP, ...: TensorFlow would decode it unbounded) is refused.
     return tf.case([

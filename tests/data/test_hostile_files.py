@@ -42,6 +42,14 @@ def _png_claiming(width, height):
             + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
 
 
+def _gif_hiding_a_frame():
+    """A GIF whose 2x2 screen hides a 20000x20000 frame (TensorFlow decodes
+    to the frame); a few dozen bytes."""
+    screen = b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0, 0, 0)
+    frame = b"\x2c" + struct.pack("<HHHHB", 0, 0, 20000, 20000, 0) + b"\x02\x01\x44\x00"
+    return screen + b"\x21\xf9\x04\x00\x00\x00\x00\x00" + frame + b"\x3b"
+
+
 def _tree(root, classes=None, per_class=2, format="JPEG"):
     """An image-folder tree of constant 8x8 images (``classes``: the class
     folders of each split; two classes by default); returns ``root``."""
@@ -148,7 +156,8 @@ def _truncated_jpeg():
     (_png_claiming(20000, 20000), "its header declares 20000x20000 pixels; images of at most "
                                   "89,478,485 pixels are read"),
     (_encode(7, format="WEBP"), "no JPEG, PNG, GIF or BMP header"),
-], ids=["truncated", "bomb", "webp"])
+    (_gif_hiding_a_frame(), "its header declares 20000x20000 pixels"),
+], ids=["truncated", "bomb", "webp", "gif_frame"])
 def test_tf_data_names_the_file_that_does_not_decode(tmp_path, content, words):
     import tensorflow as tf
 
@@ -328,9 +337,7 @@ def test_a_boolean_npz_is_refused_saying_what_it_is(tmp_path):
 def test_a_gif_frame_larger_than_its_screen_is_bounded_by_the_frame():
     """TensorFlow decodes a GIF to its frames' extent: a 2x2 screen hiding a
     20000x20000 frame is measured by the frame."""
-    screen = b"GIF89a" + struct.pack("<HHBBB", 2, 2, 0, 0, 0)
-    frame = b"\x2c" + struct.pack("<HHHHB", 0, 0, 20000, 20000, 0) + b"\x02\x01\x44\x00"
-    crafted = screen + b"\x21\xf9\x04\x00\x00\x00\x00\x00" + frame + b"\x3b"
+    crafted = _gif_hiding_a_frame()
     assert image_headers.declared_size(crafted) == (20000, 20000)
     assert image_headers.declared_size(_encode(9, size=(30, 40), format="GIF")) == (30, 40)
     with pytest.raises(DataError, match="its header declares 20000x20000 pixels"):
