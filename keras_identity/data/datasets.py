@@ -37,6 +37,10 @@ _IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 _TEST_SPLIT_NAMES = ("test", "val", "validation")
 # What an image file that does not decode should be (the end of its refusal).
 EXPECTED_IMAGE = "expected a complete JPEG, PNG, GIF or BMP file"
+# The refusal of a file (after its name) with no header of those formats.
+NO_IMAGE_HEADER = f" is not a readable image (no JPEG, PNG, GIF or BMP header); {EXPECTED_IMAGE}."
+# What an image folder may hold (the end of the refusal of anything else).
+FOLDER_FILES = "an image folder holds image files, or links to existing image files."
 
 
 class DataError(ValueError):
@@ -193,9 +197,8 @@ def read_file(path):
         with open(path, "rb") as f:
             return f.read()
     except OSError as error:
-        raise DataError(f"cannot read the image {path} ({error.strerror or error}); an image "
-                        f"folder holds image files, or links to existing image files.") \
-            from None
+        raise DataError(f"cannot read the image {path} ({error.strerror or error}); "
+                        f"{FOLDER_FILES}") from None
 
 
 def _first_line(error):
@@ -269,13 +272,18 @@ def _from_npz(path, name):
         y_train=y_train, x_test=x_test, y_test=y_test, fingerprint=fingerprint(path))
 
 
-def check_pixels(data, name):
+def check_pixels(data, name, require_header=False):
     """Raises :class:`DataError` naming ``name`` if the header of the image
     bytes ``data`` declares more than ``image_headers.MAX_IMAGE_PIXELS``
-    pixels (read before decoding: a small file can declare gigabytes)."""
-    reason = image_headers.too_many_pixels(data, name)
-    if reason:
-        raise DataError(reason)
+    pixels (read before decoding: a small file can declare gigabytes), or,
+    with ``require_header``, if it has no JPEG, PNG, GIF or BMP header
+    (TensorFlow decodes other formats, unbounded)."""
+    size = image_headers.declared_size(data)
+    if size is None:
+        if require_header:
+            raise DataError(f"{name}{NO_IMAGE_HEADER}")
+    elif size[0] * size[1] > image_headers.MAX_IMAGE_PIXELS:
+        raise DataError(image_headers.describe_too_many(name, size[1], size[0]))
 
 
 def decode_image(data, channels, name="image"):
@@ -315,10 +323,7 @@ def _decode_all(encoded, channels, names, source):
     from keras_identity import _tensorflow
 
     for data, name in zip(encoded, names):
-        check_pixels(data, f"{source}: {name}")
-        if image_headers.declared_size(data) is None:  # WebP, ...: decoded unbounded
-            raise DataError(f"{source}: {name} is not a readable image (no JPEG, PNG, GIF or "
-                            f"BMP header); {EXPECTED_IMAGE}.")
+        check_pixels(data, f"{source}: {name}", require_header=True)
     if not _tensorflow.available():
         images, sizes = [], {}
         for data, name in zip(encoded, names):
@@ -459,11 +464,9 @@ def _check_file(root, path):
             problem = f"is a symbolic link to {os.path.realpath(path)}, which does not exist"
         else:
             problem = f"cannot be read ({error.strerror or error})"
-        raise DataError(f"{root}: {rel} {problem}; an image folder holds image files, or "
-                        f"links to existing image files.") from None
+        raise DataError(f"{root}: {rel} {problem}; {FOLDER_FILES}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise DataError(f"{root}: {rel} is not a regular file; an image folder holds image "
-                        f"files, or links to existing image files.")
+        raise DataError(f"{root}: {rel} is not a regular file; {FOLDER_FILES}")
 
 
 def _list_folder(root):

@@ -105,15 +105,6 @@ def declared_size(data):
     return None
 
 
-def too_many_pixels(data, name, bound=MAX_IMAGE_PIXELS):
-    """The one-line reason to refuse image bytes ``data`` (named ``name``)
-    whose header declares more than ``bound`` pixels, or ``None``."""
-    size = declared_size(data)
-    if size is None or size[0] * size[1] <= bound:
-        return None
-    return describe_too_many(name, size[1], size[0], bound)
-
-
 def describe_too_many(name, width, height, bound=MAX_IMAGE_PIXELS):
     """``name: its header declares WIDTHxHEIGHT pixels; ...`` (one line)."""
     return (f"{name}: its header declares {width}x{height} pixels; images of at most "

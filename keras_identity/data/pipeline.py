@@ -83,9 +83,7 @@ def _decode_file(path):
     empty = tf.zeros([0, 0, 3], tf.uint8)
     # Another format (WebP, ...: TensorFlow would decode it unbounded) is refused.
     return tf.case([
-        (size[0] < 0, lambda: (empty, tf.strings.join([
-            path, " is not a readable image (no JPEG, PNG, GIF or BMP header); ",
-            datasets_lib.EXPECTED_IMAGE, "."]))),
+        (size[0] < 0, lambda: (empty, tf.strings.join([path, datasets_lib.NO_IMAGE_HEADER]))),
         (size[0] * size[1] > image_headers.MAX_IMAGE_PIXELS,
          lambda: (empty, _too_many_pixels(path, size)))],
         default=lambda: (tf.io.decode_image(encoded, channels=3, expand_animations=False),

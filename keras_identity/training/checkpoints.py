@@ -242,16 +242,18 @@ class Checkpointer:
                 found.append((path, state))
         return found
 
-    def restore(self, model):
+    def restore(self, model, state=None):
         """Loads the newest readable checkpoint into ``model`` (and its optimizer).
 
-        Returns its state, or None when there is no checkpoint.  A checkpoint
-        whose weights cannot be read is skipped with a warning naming it.
+        ``state``: what :meth:`latest` returned, when the caller has read it
+        already (it is not read, nor warned about, twice).  Returns the state
+        restored, or None when there is no checkpoint.  A checkpoint whose
+        weights cannot be read is skipped with a warning naming it.
 
         Raises:
             CheckpointError: there are checkpoints, but none can be read.
         """
-        state = self.latest()
+        state = self.latest() if state is None else state
         if state is None:
             return None
         if model.optimizer is not None and not model.optimizer.built:

@@ -440,7 +440,8 @@ def _read_run_file(path):
 
 def check_identity(model_dir, identity, state):
     """Refuses to resume a run whose flags differ from ``identity`` (one line
-    naming the flags); returns the run's saved length (``{}`` when unknown).
+    naming the flags); returns ``run.json``'s contents (``None`` when it is
+    missing or unreadable).
 
     The flags a run was started with are in ``run.json``; each checkpoint
     (``state``, the latest) keeps them too, so a missing or unreadable
@@ -454,11 +455,13 @@ def check_identity(model_dir, identity, state):
         before, where = saved["identity"], "flags"
     elif state is None:
         if problem == "is missing":
-            return {}
+            return None
         raise ValueError(f"{path} {problem} and the run has no checkpoint; delete it, or use a "
                          f"new --model_dir.")
     elif isinstance(state.get("identity"), dict):
-        before, where = state["identity"], f"flags (as its checkpoint of step {state['step']} "                                            f"records them; {RUN_FILE} {problem})"
+        before = state["identity"]
+        where = f"flags (as its checkpoint of step {state['step']} records them; {RUN_FILE} " \
+                f"{problem})"
         warnings.warn(f"{path} {problem}; the run's flags are compared with the record in its "
                       f"checkpoint of step {state['step']} instead.", stacklevel=2)
     else:
@@ -470,7 +473,7 @@ def check_identity(model_dir, identity, state):
         raise ValueError(f"model_dir={model_dir!r} holds a run started with other {where} "
                          f"({'; '.join(diffs)}); resume it with its own flags (only "
                          f"--epochs/--train_steps may grow) or use a new --model_dir.")
-    return saved.get("length", {}) if saved else {}
+    return saved
 
 
 def check_writable(directory):
@@ -594,6 +597,7 @@ class Run:
     state: dict
     identity: dict = None
     extended_from: int = None
+    previous_backend: str = None   # the backend that trained the run so far (run.json's)
     steps_per_execution: int = 1
     lock: object = None     # the chief's run_lock.RunLock, held until training ends
 
@@ -656,7 +660,8 @@ def prepare(config, strategy=None):
             strategy, zlib.crc32(os.path.normpath(config.model_dir).encode()),
             "--model_dir (a digest of the path)")
         state = checkpointer.latest()
-        length = check_identity(config.model_dir, identity, state)
+        saved = check_identity(config.model_dir, identity, state) or {}
+        length = saved.get("length", {})
         if not scratch:
             check_writable(config.model_dir)
         if chief:
@@ -693,6 +698,7 @@ def prepare(config, strategy=None):
                recipe=recipe, schedule=schedule, normalization=normalization,
                augmentation=augmentation, checkpointer=checkpointer, state=state,
                identity=identity, extended_from=extended_from,
+               previous_backend=saved.get("backend") if state is not None else None,
                steps_per_execution=steps_per_execution, lock=lock)
 
 
@@ -766,7 +772,7 @@ def _train(run, print_fn, started):
         compile_model(model, make_optimizer(recipe, schedule, config), jit_compile,
                       steps_per_execution=run.steps_per_execution)
         try:
-            state = checkpointer.restore(model) if run.state is not None else None
+            state = checkpointer.restore(model, run.state) if run.state is not None else None
             # A process that had to skip an unreadable checkpoint restored an
             # older one than the others: refused, never trained apart.
             strategies.check_same_in_processes(
@@ -776,10 +782,6 @@ def _train(run, print_fn, started):
             raise ConfigError(str(error)) from None
     # Written once the model is built and restored: a configuration the
     # builder refuses leaves no run behind.
-    previous_backend = None
-    if state:
-        saved, _ = _read_run_file(os.path.join(model_dir, RUN_FILE))
-        previous_backend = (saved or state).get("backend")
     if chief:
         checkpoints.write_json(os.path.join(model_dir, "config.json"),
                                dataclasses.asdict(config))
@@ -828,8 +830,8 @@ def _train(run, print_fn, started):
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
                  f"in {checkpointer.directory}")
-        if previous_backend not in (None, keras.backend.backend()):
-            print_fn(f"the run was trained on the {previous_backend} backend until now; it "
+        if run.previous_backend not in (None, keras.backend.backend()):
+            print_fn(f"the run was trained on the {run.previous_backend} backend until now; it "
                      f"continues on {keras.backend.backend()} (same weights and optimizer "
                      f"state; the order of the examples, the augmentation draws (tf.data on "
                      f"TensorFlow, NumPy on JAX), random masks and rounding differ)")

@@ -70,14 +70,20 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_a_run_without_its_index_files_resumes_from_its_newest_checkpoint(
-        tmp_path, two_epochs, damage):
-    finished, straight = two_epochs
+def _damaged_copy(finished, tmp_path, damage):
+    """A copy of the finished run with the files of ``DAMAGE[damage]`` harmed."""
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     for name, harm in DAMAGE[damage]:
         harm(run / name)
+    return run
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_run_without_its_index_files_resumes_from_its_newest_checkpoint(
+        tmp_path, two_epochs, damage):
+    finished, straight = two_epochs
+    run = _damaged_copy(finished, tmp_path, damage)
     newest = run / "checkpoints" / "ckpt-000000008.weights.h5"
     before = newest.read_bytes()
     lines = []
@@ -103,10 +109,7 @@ def test_a_run_without_its_index_files_resumes_from_its_newest_checkpoint(
 def test_changed_flags_without_run_json_are_named_from_the_checkpoints_record(
         tmp_path, two_epochs, damage):
     finished, _ = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
-    for name, harm in DAMAGE[damage]:
-        harm(run / name)
+    run = _damaged_copy(finished, tmp_path, damage)
     files = _digests(run)
     with pytest.warns(UserWarning), pytest.raises(ConfigError) as error:
         train(_config(run, epochs=3, depth=4), quiet)
