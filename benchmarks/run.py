@@ -252,7 +252,21 @@ def _worker(spec):
 def _run(label, args, env):
     """Runs one measurement process; its ``RESULT`` line, or an error."""
     print(f"  {label}: {' '.join(args[2:])}", flush=True)
-    return machine.run_worker(args, env, FLAGS.timeout_s)
+    result = machine.run_worker(args, env, FLAGS.timeout_s)
+    # Each measurement's line as it ends: a run cut off before its table keeps them.
+    print(f"    -> {_result_line(result)}", flush=True)
+    return result
+
+
+def _result_line(result):
+    """One measurement's numbers, in a line (``failed: ...`` for an error)."""
+    if "error" in result:
+        return f"failed: {result['error']}"
+    parts = [f"{result['images_per_s']:,.1f} img/s" if "images_per_s" in result else None,
+             f"first step {result['first_step_s']:.1f} s" if "first_step_s" in result else None,
+             f"peak {result['peak_memory_mb']:,.0f} MB" if "peak_memory_mb" in result else None,
+             f"{result['tflops']:.3f} TFLOP/s" if "tflops" in result else None]
+    return ", ".join(p for p in parts if p) or "done"
 
 
 def _measure(config):

@@ -14,8 +14,8 @@ child process; flags after ``--`` are passed on to it (e.g. a shorter smoke
 run: give it its own --run_dir and --report_dir, or it mixes with the real
 runs).  Its runs are checkpointed: running the command again continues them.
 The report it writes under docs/results/ names this command (except the
-gate-bias search, whose report is assembled by hand from the tuner's
-results.md).
+gate-bias search and the GPU run of ResNet-20, whose reports are assembled by
+hand from the tuner's results.md and the run's history.json).
 """
 
 import os
@@ -91,7 +91,8 @@ def results_page(directory):
         rows.append(
             f"| {claim.name}: {_cell(claim.source)} | {_cell(claim.paper)} | "
             f"{_cell(fields.get('summary', 'not run yet'))} | {_cell(claim.cpu_scale)} | "
-            f"`python -m experiments.reproduce --claim={claim.name}` | "
+            f"`python -m experiments.reproduce --claim={claim.name}"
+            f"{'' if claim.cpu else ' --scale=paper'}` | "
             f"[{claim.report}]({claim.report}) | {fields.get('date', '-')} | "
             f"{_cell(fields.get('machine', '-'))} |")
     text = "\n".join([
@@ -161,8 +162,8 @@ def main(argv):
     claim = claims_lib.BY_NAME[FLAGS.claim]
     code = _run(claim, FLAGS.scale, extra)
     if claim.manual_report and code == 0 and not FLAGS.dry_run:
-        print(f"docs/results/{claim.report} is assembled by hand from the results.md this "
-              f"command wrote; update it from there.")
+        print(f"docs/results/{claim.report} is assembled by hand from this command's "
+              f"output (its results.md or history.json); update it from there.")
     sys.exit(code)
 
 

@@ -57,6 +57,9 @@ def test_small_run_writes_table_and_json(tmp_path):
     launched = [line.split("--worker=")[0] + line.split("--worker=")[1].split()[0]
                 for line in result.stdout.splitlines() if "--worker=preact" in line]
     assert launched[:3] == launched[3:] and len(set(launched)) == 3
+    # Each measurement's numbers are printed as it ends (peak + 6 workers).
+    ended = [line for line in result.stdout.splitlines() if line.startswith("    -> ")]
+    assert len(ended) == 7 and all(" img/s, first step " in line for line in ended[1:])
     rows = saved["rows"]
     assert [(r["backend"], r["shortcut"], r["mode"]) for r in rows] == [
         ("tensorflow", "identity", "scan"), ("tensorflow", "exclusive_gating", "scan"),
@@ -164,3 +167,12 @@ def test_mfu_peak_of_the_device(description, precision, peak):
     # float32 matmul peak measured in the run (0.4 here).
     bench.FLAGS(["benchmarks.run"])
     assert bench._peak_tflops(description, 0.4, precision)[0] == peak
+
+
+def test_each_measurement_prints_its_line():
+    assert bench._result_line(dict(images_per_s=28733.2, first_step_s=9.61,
+                                   peak_memory_mb=1234.4)) == (
+        "28,733.2 img/s, first step 9.6 s, peak 1,234 MB")
+    assert bench._result_line(dict(tflops=51.25)) == "51.250 TFLOP/s"
+    assert bench._result_line(dict(error="timed out after 190 s")) == (
+        "failed: timed out after 190 s")

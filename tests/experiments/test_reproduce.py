@@ -68,8 +68,9 @@ def test_every_claim_has_commands_that_parse():
         assert claim.name not in names
         names.add(claim.name)
         assert claim.paper_scale, claim.name
-        if claim.cpu is None:
-            assert claim.report is None
+        if claim.cpu is None and claim.report is not None:
+            # Measured at the paper's scale on a GPU: the report is assembled by hand.
+            assert claim.manual_report, claim.name
     listing = run("--list")
     assert listing.returncode == 0
     for claim in claims.CLAIMS:
