@@ -34,16 +34,23 @@ def config_from_flags():
     from keras_identity.training import ConfigError
 
     try:
-        return _cli.config_from_flags().validate()
+        config = _cli.config_from_flags().validate()
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if not FLAGS["verbose"].present and not sys.stdout.isatty():
+        # A log file: the run's own line per epoch and per checkpoint, no
+        # progress bar redrawn every few steps.
+        config.verbose = 0
+    return config
 
 
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}; flags are written --name=value", 2)
     processes = _cli.initialize_processes()
+    from keras_identity.training import STOP_STATUS
     from keras_identity.training import ConfigError
+    from keras_identity.training import Stopped
     from keras_identity.training import TrainingDiverged
     from keras_identity.training import WriteError
     from keras_identity.training import train
@@ -54,6 +61,13 @@ def main(argv):
 
     try:
         train(config_from_flags())
+    except Stopped as stopped:
+        # Saved: the one line, and the status a scheduler requeues on.
+        print(f"{stopped} (exit status {STOP_STATUS})", file=sys.stderr, flush=True)
+        if processes > 1:
+            sys.stdout.flush()
+            os._exit(STOP_STATUS)
+        sys.exit(STOP_STATUS)
     except ConfigError as error:
         fail(error, 2)
     except TrainingDiverged as error:

@@ -7,6 +7,8 @@ from keras_identity.training.optimizers import MomentumSGD
 from keras_identity.training.plots import plot_history
 from keras_identity.training.plots import plot_errors
 from keras_identity.training.plots import plot_runs
+from keras_identity.training.preemption import STOP_STATUS
+from keras_identity.training.preemption import Stopped
 from keras_identity.training.recipes import RECIPES
 from keras_identity.training.recipes import get_recipe
 from keras_identity.training.recipes import resolve

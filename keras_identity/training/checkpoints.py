@@ -1,11 +1,13 @@
 """Fault-tolerant checkpoints: weights, optimizer state and history, by step.
 
 A checkpoint is written at the end of every epoch (an epoch of
-``steps_per_epoch`` steps): first the weights file (model and optimizer
+``steps_per_epoch`` steps) and inside epochs (:mod:`preemption`: a stop
+signal, ``--checkpoint_every``): first the weights file (model and optimizer
 variables) under a temporary name that is atomically renamed, then its state
-(``ckpt-<step>.state.json``: step, epoch, history) and ``state.json`` naming
-the latest.  A run killed at any moment therefore finds an intact checkpoint
-and loses at most the epoch in progress; a latest checkpoint that cannot be
+(``ckpt-<step>.state.json``: step, epoch, history and, inside an epoch, the
+epoch's metric sums) and ``state.json`` naming the latest.  A run killed at
+any moment therefore finds an intact checkpoint and loses at most the
+training since it; a latest checkpoint that cannot be
 read (a damaged disk, a copy cut short) is skipped with a warning for the
 newest one that can.
 
@@ -104,7 +106,7 @@ class Checkpointer:
         self._written = set()       # checkpoints this object wrote
         self._continued_step = -1   # the step of the checkpoint restored (-1: none)
 
-    def save(self, model, *, step, epoch, history):
+    def save(self, model, *, step, epoch, history, extra=None):
         """Writes the checkpoint of ``step``; raises :class:`WriteError` (and
         leaves no partial file, the previous checkpoint still the latest)
         when it cannot: checked against the free space before writing, as
@@ -112,7 +114,8 @@ class Checkpointer:
         name = f"ckpt-{step:09d}.weights.h5"
         path = os.path.join(self.directory, name)
         temporary = path + ".partial.weights.h5"
-        state = {"step": int(step), "epoch": int(epoch), "weights": name, "history": history}
+        state = {"step": int(step), "epoch": int(epoch), "weights": name, "history": history,
+                 **(extra or {})}
         if self.identity is not None:
             state["identity"] = self.identity
         written = []

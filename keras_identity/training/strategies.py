@@ -302,5 +302,39 @@ def barrier(strategy, name):
         multihost_utils.sync_global_devices(name)
 
 
+def several_processes(strategy):
+    """Whether the run spans several processes that must take decisions
+    together: a multi-process JAX run, or TensorFlow's several workers."""
+    if isinstance(strategy, KerasDistribution):
+        return strategy.process_count > 1
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    spec = strategy.cluster_resolver.cluster_spec().as_dict()
+    return sum(len(spec.get(job, [])) for job in ("chief", "worker")) > 1
+
+
+def any_over_processes(strategy, flags):
+    """``[bool, ...]``: for each of ``flags`` (this process's booleans),
+    whether any process of the run has it set (the run's own collective:
+    an all-gather on JAX, an all-reduce of the replicas on TensorFlow)."""
+    import numpy as np
+
+    local = np.asarray([int(bool(flag)) for flag in flags], np.int32)
+    if not several_processes(strategy):
+        return [bool(v) for v in local]
+    if isinstance(strategy, KerasDistribution):
+        from jax.experimental import multihost_utils
+
+        gathered = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, len(local))
+        return [bool(v) for v in gathered.any(axis=0)]
+    import tensorflow as tf
+
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                            strategy.run(lambda: tf.constant(local)), axis=None)
+    return [bool(v) for v in np.asarray(total) > 0]
+
+
 def _several_processes(strategy):
     return isinstance(strategy, KerasDistribution) and strategy.process_count > 1

@@ -25,6 +25,7 @@ from keras_identity.data import normalization as normalization_lib
 from keras_identity.models import registry
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
+from keras_identity.training import preemption
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import run_lock
 from keras_identity.training import strategies
@@ -104,6 +105,12 @@ class TrainConfig:
     model_dir: str = setting(None, "Output directory (default: a folder of runs/ named by "
                              "model, depth and dataset).")
     keep_checkpoints: int = setting(2, "Checkpoints kept.")
+    checkpoint_every: str = setting(
+        preemption.DEFAULT_CHECKPOINT_EVERY, "Checkpoints inside an epoch as well as at its "
+        "end: every N steps (500), or every span of training time (90s, 10m, 1h); 'epoch': "
+        "at epoch ends only.")
+    stop_signal: str = setting(None, "A signal that stops the run with a checkpoint, besides "
+                               "SIGTERM and SIGINT (SLURM: --signal=USR1@120 with USR1).")
     train_examples: int = setting(None, "Use a random subset of the training set.")
     test_examples: int = setting(None, "Use a random subset of the test set.")
     eval_crop: int = setting(224, "ImageNet evaluation crop (Table 5).", (224, 320))
@@ -160,6 +167,9 @@ class TrainConfig:
             if value is not None:
                 _checks.check_positive_int(name, value)
         _checks.check_positive_int("keep_checkpoints", self.keep_checkpoints)
+        preemption.parse_checkpoint_every(self.checkpoint_every)
+        if self.stop_signal is not None:
+            preemption.signal_number(self.stop_signal)
         if self.warmup_steps is not None:
             _checks.check_positive_int("warmup_steps", self.warmup_steps, minimum=0)
         if self.learning_rate is not None:
@@ -537,7 +547,7 @@ def setup_precision_and_seed(config):
 
 
 def input_streams(strategy, data, *, batch_size, normalization, augmentation, seed,
-                  start_step=0, split="test", eval_crop=224):
+                  start_step=0, split="test", eval_crop=224, training=True, evaluation=True):
     """The training stream and the evaluation batches of a run (models that
     take pixel values), for the Keras backend:
 
@@ -547,22 +557,26 @@ def input_streams(strategy, data, *, batch_size, normalization, augmentation, se
       (:mod:`keras_identity.data.arrays`), each process reading its rows of
       every global batch.
 
-    Returns ``(train, evaluation)``.
+    Returns ``(train, evaluation)``; ``training`` or ``evaluation`` False
+    leaves that one None.
     """
     eval_resize = {224: 256, 320: 320}.get(eval_crop, 256)
     padded = strategies.is_tpu(strategy) or strategy.num_replicas_in_sync > 1
+    train = evaluate = None
     if isinstance(strategy, strategies.KerasDistribution):
         processes = dict(process_index=strategy.process_index,
                          process_count=strategy.process_count)
-        train = arrays.TrainBatches(
-            data, batch_size=batch_size, normalization=normalization,
-            augmentation=augmentation, seed=seed, start_step=start_step, raw_pixels=True,
-            **processes)
-        evaluation = arrays.EvalBatches(
-            data, batch_size=batch_size, normalization=normalization, split=split,
-            pad_to_batch=padded, eval_resize=eval_resize, eval_crop=eval_crop,
-            raw_pixels=True, **processes)
-        return train, evaluation
+        if training:
+            train = arrays.TrainBatches(
+                data, batch_size=batch_size, normalization=normalization,
+                augmentation=augmentation, seed=seed, start_step=start_step, raw_pixels=True,
+                **processes)
+        if evaluation:
+            evaluate = arrays.EvalBatches(
+                data, batch_size=batch_size, normalization=normalization, split=split,
+                pad_to_batch=padded, eval_resize=eval_resize, eval_crop=eval_crop,
+                raw_pixels=True, **processes)
+        return train, evaluate
     from keras_identity.data import pipeline
 
     def make_train(input_context=None):
@@ -577,7 +591,11 @@ def input_streams(strategy, data, *, batch_size, normalization, augmentation, se
             pad_to_batch=padded, eval_resize=eval_resize, eval_crop=eval_crop,
             input_context=input_context, raw_pixels=True)
 
-    return pipeline.distribute(strategy, make_train), pipeline.distribute(strategy, make_eval)
+    if training:
+        train = pipeline.distribute(strategy, make_train)
+    if evaluation:
+        evaluate = pipeline.distribute(strategy, make_eval)
+    return train, evaluate
 
 
 @dataclasses.dataclass
@@ -723,20 +741,74 @@ def train(config, print_fn=print, strategy=None):
             shutil.rmtree(run.work_dir, ignore_errors=True)
 
 
-def _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step, print_fn):
-    """Trains from ``start_step`` to ``end_step`` and saves ``model.keras``."""
-    config, schedule, work_dir = run.config, run.schedule, run.work_dir
-    try:
-        if start_step < end_step:
+def _close(stream):
+    if hasattr(stream, "close"):  # the JAX route's threads
+        stream.close()
+
+
+def _fit(model, make_train, eval_ds, callbacks, run, step, end_step, metrics):
+    """``model.fit`` from ``step`` to ``end_step``.  A run that resumes inside
+    an epoch first finishes that epoch (a ``fit`` of its remaining steps, its
+    metric sums put back), so its epochs end where an uninterrupted run's do."""
+    per_epoch, verbose = run.schedule.steps_per_epoch, run.config.verbose if run.chief else 0
+    segments = []
+    if step % per_epoch:
+        first_end = min(end_step, (step // per_epoch + 1) * per_epoch)
+        segments.append((step, first_end, first_end - step,
+                         [preemption.RestoreMetrics(metrics)]))
+        step = first_end
+    if step < end_step:
+        segments.append((step, end_step, per_epoch, []))
+    for begin, end, steps, extra in segments:
+        train_ds = make_train(begin)
+        try:
             with strategies.fit_scope(run.strategy):
-                model.fit(train_ds, epochs=math.ceil(end_step / schedule.steps_per_epoch),
-                          initial_epoch=start_step // schedule.steps_per_epoch,
-                          steps_per_epoch=schedule.steps_per_epoch, validation_data=eval_ds,
-                          shuffle=False, callbacks=callbacks,
-                          verbose=config.verbose if run.chief else 0)
-        elif end_step < schedule.total_steps:
+                model.fit(train_ds, epochs=math.ceil(end / per_epoch),
+                          initial_epoch=begin // per_epoch, steps_per_epoch=steps,
+                          validation_data=eval_ds, shuffle=False,
+                          callbacks=extra + callbacks, verbose=verbose)
+        finally:
+            _close(train_ds)
+
+
+def _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_step, print_fn,
+                  metrics=None):
+    """Trains from ``start_step`` to ``end_step`` and saves ``model.keras``.
+
+    A checkpoint requested inside an epoch (:mod:`preemption`: a stop signal,
+    ``--checkpoint_every``) is written here, of the step the optimizer has
+    reached, with the epoch's metric sums; training then continues from it
+    as a resumed run would, or stops with :class:`preemption.Stopped`.
+    ``metrics``: the metric sums of the checkpoint resumed inside an epoch.
+    """
+    schedule, work_dir = run.schedule, run.work_dir
+    per_epoch = schedule.steps_per_epoch
+    recorder = next(c for c in callbacks if isinstance(c, callbacks_lib.RunRecorder))
+    in_epoch = next(c for c in callbacks if isinstance(c, preemption.InEpochCheckpoints))
+    try:
+        step = start_step
+        while step < end_step:
+            try:
+                _fit(model, make_train, eval_ds, callbacks, run, step, end_step, metrics)
+                break
+            except preemption.SaveRequest as request:
+                step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+                metrics = preemption.metric_state(model) if step % per_epoch else None
+                checkpointer = recorder.checkpointer
+                if step % per_epoch:  # an epoch's end has the recorder's checkpoint
+                    checkpointer.save(model, step=step, epoch=step // per_epoch,
+                                      history=recorder.history, extra={"metrics": metrics})
+                    print_fn(f"checkpoint at step {step:,} (inside epoch "
+                             f"{step // per_epoch + 1})")
+                if request.signal_name is not None:
+                    strategies.barrier(run.strategy, "keras_identity_stopped")
+                    raise preemption.Stopped(
+                        request.signal_name, step, math.ceil(step / per_epoch),
+                        run.checkpointer.directory) from None
+                in_epoch.restart_clock()
+        if start_step >= end_step and end_step < schedule.total_steps:
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
-        else:
+        elif start_step >= end_step:
             print_fn(f"the run is already complete ({start_step} steps)")
         partial = os.path.join(work_dir, "model.partial.keras")  # renamed when whole
         model.save(partial)
@@ -840,10 +912,13 @@ def _train(run, print_fn, started):
                  f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "
                  f"new length (drops at {list(schedule.boundaries)})")
 
-    train_ds, eval_ds = input_streams(
-        strategy, data, batch_size=schedule.batch_size, normalization=normalization,
-        augmentation=augmentation, seed=config.seed, start_step=start_step,
-        eval_crop=config.eval_crop)
+    streams = dict(batch_size=schedule.batch_size, normalization=normalization,
+                   augmentation=augmentation, seed=config.seed, eval_crop=config.eval_crop)
+    _, eval_ds = input_streams(strategy, data, training=False, **streams)
+
+    def make_train(step):
+        return input_streams(strategy, data, start_step=step, evaluation=False, **streams)[0]
+
     if keras.backend.backend() == "tensorflow":
         from keras_identity.training import multi_worker
 
@@ -856,24 +931,29 @@ def _train(run, print_fn, started):
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None))
-    callbacks = [callbacks_lib.StopOnNaN(), recorder]
-    if end_step % schedule.steps_per_epoch or start_step % schedule.steps_per_epoch:
-        # Inside an epoch (fit's epochs end the others): a batch hook, which
-        # keeps Keras on JAX from running the batch callbacks beside the next step.
+    every_steps, every_seconds = preemption.parse_checkpoint_every(config.checkpoint_every)
+    signals = preemption.StopSignals(config.stop_signal)
+    # After the recorder: a signal during an epoch's last call or its
+    # evaluation stops the run once the epoch's checkpoint is written.
+    callbacks = [callbacks_lib.StopOnNaN(), recorder, preemption.InEpochCheckpoints(
+        strategy, signals, schedule.steps_per_epoch, every_steps, every_seconds)]
+    if end_step % schedule.steps_per_epoch:
+        # The run ends inside an epoch (fit's epochs end the others): a batch
+        # hook, which keeps Keras on JAX from running the batch callbacks
+        # beside the next step.
         callbacks.insert(1, callbacks_lib.StopAtStep(end_step))
     if not run.scratch:
         callbacks.append(callbacks_lib.tensorboard(os.path.join(work_dir, "tensorboard")))
     model_path = os.path.join(model_dir, "model.keras")
     try:
-        _fit_and_save(model, train_ds, eval_ds, callbacks, run, start_step, end_step,
-                      print_fn)
+        with signals:
+            _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_step,
+                          print_fn, metrics=(state or {}).get("metrics"))
         # Process 0's files are written before any process returns (a process
         # that left early would look dead to the coordination service).
         strategies.barrier(strategy, "keras_identity_training_done")
     finally:
-        for stream in (train_ds, eval_ds):
-            if hasattr(stream, "close"):  # the JAX route's threads
-                stream.close()
+        _close(eval_ds)
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,
               "steps": int(model.optimizer.iterations.numpy()),

@@ -1,0 +1,210 @@
+"""A stopped run loses seconds, not an epoch (keras_identity.training.preemption):
+a stop signal at any moment saves the step in progress, checkpoints inside an
+epoch keep the epoch's metric sums, and the resumed run ends where an
+uninterrupted one does: same weights, optimizer state and history."""
+
+import os
+import random
+import signal
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_identity.training import Stopped
+from keras_identity.training import TrainConfig
+from keras_identity.training import callbacks as callbacks_lib
+from keras_identity.training import checkpoints
+from keras_identity.training import preemption
+from keras_identity.training import train
+from tests.backend import BACKEND
+
+STEPS_PER_EPOCH = 8
+EPOCHS = 3
+TOTAL = STEPS_PER_EPOCH * EPOCHS
+
+
+def quiet(*_):
+    pass
+
+
+SENT = []  # when each signal was sent
+
+
+def _send(number=signal.SIGTERM):
+    SENT.append(time.monotonic())
+    os.kill(os.getpid(), number)
+
+
+def _config(model_dir, **kwargs):
+    base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
+                epochs=EPOCHS, batch_size=32, verbose=0, seed=1, deterministic=True,
+                steps_per_execution=1, checkpoint_every="epoch", model_dir=str(model_dir))
+    base.update(kwargs)
+    return TrainConfig(**base)
+
+
+def _final(model_dir):
+    model = keras.saving.load_model(os.path.join(model_dir, "model.keras"))
+    return ([np.asarray(w) for w in model.get_weights()],
+            [np.asarray(keras.ops.convert_to_numpy(v)) for v in model.optimizer.variables])
+
+
+def _same_run(result, straight, model_dir, straight_dir):
+    """The resumed run's weights, optimizer state and history are the
+    uninterrupted run's (to float tolerance)."""
+    for ours, theirs in zip(*(_final(d) for d in (model_dir, straight_dir))):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert [r["step"] for r in result["history"]] == [8, 16, 24]
+    for ours, theirs in zip(result["history"], straight["history"]):
+        for key in ("loss", "train_error", "test_loss", "test_error", "learning_rate"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-7), key
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("straight")
+    return train(_config(model_dir), quiet), model_dir
+
+
+def _signal_at_step(monkeypatch, step, number=signal.SIGTERM):
+    """Sends ``number`` to this process as step ``step`` ends (before the
+    next one starts)."""
+    original = callbacks_lib.StopOnNaN.on_train_batch_end
+
+    def end(self, batch, logs=None):
+        if self.step(batch) == step:
+            _send(number)
+        return original(self, batch, logs)
+
+    monkeypatch.setattr(callbacks_lib.StopOnNaN, "on_train_batch_end", end)
+
+
+def _signal_during_checkpoint_write(monkeypatch, step):
+    """Sends SIGTERM while the checkpoint of ``step`` is being written (its
+    weights file written, its state not yet)."""
+    original = checkpoints.Checkpointer.save
+
+    def save(self, model, **kwargs):
+        if kwargs["step"] == step:
+            _send()
+        return original(self, model, **kwargs)
+
+    monkeypatch.setattr(checkpoints.Checkpointer, "save", save)
+
+
+def _signal_during_evaluation(monkeypatch, epoch):
+    """Sends SIGTERM when the evaluation of epoch ``epoch`` (1-based) starts."""
+    original = callbacks_lib.RunRecorder.on_test_begin
+
+    def begin(self, logs=None):
+        if len(self.history) == epoch - 1:
+            _send()
+        return original(self, logs)
+
+    monkeypatch.setattr(callbacks_lib.RunRecorder, "on_test_begin", begin)
+
+
+# Ten moments: seven random steps inside epochs, an epoch's last step, a
+# checkpoint being written and an evaluation.
+_STEPS = sorted(random.Random(43).sample(
+    [s for s in range(1, TOTAL) if s % STEPS_PER_EPOCH], 7))
+MOMENTS = ([("step", s) for s in _STEPS] + [("step", 2 * STEPS_PER_EPOCH)]
+           + [("checkpoint write", STEPS_PER_EPOCH), ("evaluation", 2)])
+
+
+@pytest.mark.parametrize("where, when", MOMENTS, ids=[f"{w}-{n}" for w, n in MOMENTS])
+def test_sigterm_at_any_moment_resumes_as_if_never_stopped(tmp_path, monkeypatch, straight,
+                                                           where, when):
+    model_dir = tmp_path / "run"
+    handler = signal.getsignal(signal.SIGTERM)
+    with monkeypatch.context() as patch:
+        if where == "step":
+            _signal_at_step(patch, when)
+        elif where == "checkpoint write":
+            _signal_during_checkpoint_write(patch, when)
+        else:
+            _signal_during_evaluation(patch, when)
+        with pytest.raises(Stopped) as stopped:
+            train(_config(model_dir), quiet)
+    # The step in progress ends and is saved: a step's signal stops after it
+    # (on TensorFlow; the JAX route decides beside the next steps, so a few
+    # more, at most to the epoch's end, may run first); an epoch's last step,
+    # its checkpoint or its evaluation stop at its end.  Within seconds.
+    assert time.monotonic() - SENT[-1] < 5
+    expected = {"step": when, "checkpoint write": when,
+                "evaluation": when * STEPS_PER_EPOCH}[where]
+    if where == "step" and when % STEPS_PER_EPOCH and BACKEND == "jax":
+        assert expected <= stopped.value.step <= -(-expected // STEPS_PER_EPOCH) * \
+            STEPS_PER_EPOCH
+    else:
+        assert stopped.value.step == expected
+    assert f"at step {stopped.value.step}" in str(stopped.value)
+    assert signal.getsignal(signal.SIGTERM) is handler  # the handlers are put back
+    state = checkpoints.Checkpointer(str(model_dir / "checkpoints")).latest()
+    assert state["step"] == stopped.value.step
+    assert ("metrics" in state) == bool(state["step"] % STEPS_PER_EPOCH)
+    result = train(_config(model_dir), quiet)
+    _same_run(result, straight[0], model_dir, straight[1])
+
+
+def test_checkpoints_inside_epochs_change_nothing_of_the_run(tmp_path, straight):
+    lines = []
+    result = train(_config(tmp_path / "run", checkpoint_every="3"), lines.append)
+    saved = [line for line in lines if line.startswith("checkpoint at step")]
+    # Counted from each epoch's start (every call a step here): steps 3, 6,
+    # 11, 14, 19, 22.  The JAX route decides beside the next steps and acts
+    # a few steps later, at most at the epoch's end (then the epoch's own
+    # checkpoint serves).
+    if BACKEND == "jax":
+        assert 1 <= len(saved) <= 6, lines
+    else:
+        assert [line.split()[3] for line in saved] == ["3", "6", "11", "14", "19", "22"]
+    _same_run(result, straight[0], tmp_path / "run", straight[1])
+
+
+def test_a_checkpoint_inside_an_epoch_keeps_its_metric_sums(tmp_path, monkeypatch):
+    _signal_at_step(monkeypatch, 3)
+    with pytest.raises(Stopped) as stopped:
+        train(_config(tmp_path / "run"), quiet)
+    state = checkpoints.Checkpointer(str(tmp_path / "run" / "checkpoints")).latest()
+    steps_in_epoch = stopped.value.step
+    if BACKEND == "jax" and steps_in_epoch == STEPS_PER_EPOCH:
+        assert "metrics" not in state  # acted on at the epoch's end: its own checkpoint
+        return
+    # The loss tracker's (total, count) and the accuracy's: sums over the
+    # epoch's steps so far.
+    counts = [values[-1] for values in state["metrics"] if len(values) == 2]
+    assert counts and all(c in (steps_in_epoch, steps_in_epoch * 32) for c in counts), state
+    assert state["epoch"] == 0 and state["history"] == []
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("500", (500, None)), ("90s", (None, 90.0)), ("10m", (None, 600.0)),
+    ("1.5h", (None, 5400.0)), ("epoch", (None, None)), (" 10M ", (None, 600.0))])
+def test_checkpoint_every_reads_steps_and_times(value, expected):
+    assert preemption.parse_checkpoint_every(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "2.5", "10 minutes", "0m", "", "steps"])
+def test_checkpoint_every_refuses_other_values_in_one_line(value):
+    with pytest.raises(ValueError, match=r"^checkpoint_every=.* is not valid; expected a "
+                                         r"number of steps \(500\), a training time"):
+        preemption.parse_checkpoint_every(value)
+
+
+def test_stop_signal_names_a_signal_other_than_term_and_int():
+    assert preemption.signal_number("USR1") == signal.SIGUSR1
+    assert preemption.signal_number("SIGUSR2") == signal.SIGUSR2
+    with pytest.raises(ValueError, match="SIGTERM always stops a run"):
+        preemption.signal_number("TERM")
+    with pytest.raises(ValueError, match=r"^stop_signal='KILL' is not valid; expected one of "
+                                         r"SIGUSR1"):
+        preemption.signal_number("KILL")
+    with pytest.raises(ValueError, match="checkpoint_every="):
+        _config("x", checkpoint_every="often").validate()
+    with pytest.raises(ValueError, match="stop_signal="):
+        _config("x", stop_signal="SEGV").validate()
