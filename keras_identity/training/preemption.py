@@ -127,8 +127,8 @@ class StopSignals:
     def _handle(self, number, frame):
         name = signal.Signals(number).name
         if self.received is not None:
-            self.print_fn(f"{name} again: exiting at once, without saving the step in "
-                          f"progress (the last checkpoint is intact)")
+            self.print_fn(f"a second stop signal ({name}): exiting at once, without saving "
+                          f"the step in progress (the last checkpoint is intact)")
             sys.stdout.flush()
             import os
 

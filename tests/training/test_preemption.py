@@ -3,9 +3,12 @@ a stop signal at any moment saves the step in progress, checkpoints inside an
 epoch keep the epoch's metric sums, and the resumed run ends where an
 uninterrupted one does: same weights, optimizer state and history."""
 
+import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import keras
@@ -19,6 +22,8 @@ from keras_identity.training import checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import train
 from tests.backend import BACKEND
+from tests.backend import default_route
+from tests.conftest import REPO
 
 STEPS_PER_EPOCH = 8
 EPOCHS = 3
@@ -208,3 +213,84 @@ def test_stop_signal_names_a_signal_other_than_term_and_int():
         _config("x", checkpoint_every="often").validate()
     with pytest.raises(ValueError, match="stop_signal="):
         _config("x", stop_signal="SEGV").validate()
+
+
+# ------------------------------------------------ the program, as a scheduler meets it
+_PROGRAM = ["--model=highway_net", "--depth=3", "--train_examples=256", "--test_examples=64",
+            "--batch_size=32", "--seed=1", "--deterministic"]
+
+
+def _start(model_dir, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "keras_identity_cli.train", *_PROGRAM,
+         f"--model_dir={model_dir}", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _read_until(proc, words, lines):
+    """Reads ``proc``'s standard output into ``lines`` until a line holds ``words``."""
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if words in line:
+            return
+    raise AssertionError(f"{words!r} never printed: {lines[-5:]}")
+
+
+@default_route
+def test_a_scheduler_signal_saves_exits_75_and_the_same_command_resumes(tmp_path):
+    """SLURM's --signal=USR1@120 with --stop_signal=USR1: one line, status 75
+    (requeue), and the requeued command continues; a log file (stdout not a
+    terminal) holds a line per epoch and per checkpoint, no progress bars."""
+    model_dir = tmp_path / "run"
+    arguments = ("--epochs=30", "--stop_signal=USR1", "--checkpoint_every=5")
+    proc, lines = _start(model_dir, *arguments), []
+    _read_until(proc, "epoch 2 ", lines)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    lines += out.splitlines()
+    assert proc.returncode == preemption.STOP_STATUS == 75, err[-2000:]
+    stopped = [line for line in err.splitlines() if line.startswith("stopped by SIGUSR1")]
+    assert len(stopped) == 1 and stopped[0].endswith(
+        f"the checkpoint of that step is in {model_dir}/checkpoints; run the same command "
+        f"to resume (exit status 75)"), err[-2000:]
+    step = int(stopped[0].split(" at step ")[1].split()[0].replace(",", ""))
+    assert 16 <= step < 240
+    state = checkpoints.Checkpointer(str(model_dir / "checkpoints")).latest()
+    assert state["step"] == step
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    saved = [line for line in lines if line.startswith("checkpoint at step")]
+    assert len(lines) <= len(epochs) + len(saved) + 4, lines  # + the run's header lines
+    assert not any("\r" in line or "━" in line for line in lines)
+
+    again = subprocess.run(
+        [sys.executable, "-m", "keras_identity_cli.train", *_PROGRAM,
+         f"--model_dir={model_dir}", *arguments],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming from the checkpoint at step {step} " in again.stdout
+    with open(model_dir / "history.json") as f:
+        history = json.load(f)
+    assert [row["step"] for row in history] == list(range(8, 241, 8))
+
+
+@default_route
+def test_a_second_signal_exits_at_once():
+    """The first signal is answered at the next step; a second one, before
+    that, ends the process at once with 128 + its number."""
+    script = ("import os, signal, time\n"
+              "from keras_identity.training import preemption\n"
+              "with preemption.StopSignals('USR1') as signals:\n"
+              "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+              "    time.sleep(0.5)\n"
+              "    print('first:', signals.received, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(5)\n"
+              "print('not reached')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+    assert "first: SIGUSR1" in result.stdout and "not reached" not in result.stdout
+    assert "SIGUSR1 received: saving a checkpoint after the step in progress" in result.stderr
+    assert ("a second stop signal (SIGTERM): exiting at once, without saving the step in "
+            "progress") in result.stderr
