@@ -63,6 +63,15 @@ def define_process_flags():
     flags.DEFINE_integer("num_processes", None, "JAX: the number of processes of the run.")
     flags.DEFINE_integer("process_id", None, "JAX: this process's index in [0, "
                          "num_processes).")
+    flags.DEFINE_float("initialization_timeout_s", processes_timeout(), "JAX, one run across "
+                       "processes: how long the processes wait for each other at start; "
+                       "then one line names those that did not come (exit status 1).")
+
+
+def processes_timeout():
+    from keras_identity.training import processes
+
+    return processes.INITIALIZATION_TIMEOUT_S
 
 
 def initialize_processes():
@@ -75,14 +84,20 @@ def initialize_processes():
 
     given = [name for name in ("coordinator_address", "num_processes", "process_id")
              if flags.FLAGS[name].value is not None]
+    given += ["initialization_timeout_s"] * flags.FLAGS["initialization_timeout_s"].present
     if keras.backend.backend() != "jax":
         if given:
             fail(f"--{', --'.join(given)} apply to the JAX backend (--backend=jax); "
                  f"TensorFlow's workers: --strategy=multi_worker with TF_CONFIG", 2)
         return 1
+    timeout = flags.FLAGS.initialization_timeout_s
+    if not timeout > 0:
+        fail(f"--initialization_timeout_s={timeout:g} is not valid; expected seconds > 0", 2)
     try:
         return processes.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
-                                    flags.FLAGS.process_id)
+                                    flags.FLAGS.process_id, timeout_s=timeout)
+    except processes.PeersMissing as error:
+        fail(error, 1, at_once=True)
     except ValueError as error:
         fail(error, 2)
 

@@ -14,6 +14,8 @@ import errno
 import os
 import re
 import socket
+import sys
+import time
 
 # Seconds without a heartbeat after which the coordination service declares a
 # process dead and stops the others (JAX's default is 100).
@@ -63,7 +65,135 @@ def check_arguments(coordinator_address=None, num_processes=None, process_id=Non
     return True
 
 
-def initialize(coordinator_address=None, num_processes=None, process_id=None):
+class PeersMissing(ValueError):
+    """Processes of the run did not connect in time (one line naming them)."""
+
+
+_GREETING = "keras_identity roll call"
+
+
+def _say(line):
+    print(line, file=sys.stderr, flush=True)
+
+
+def roll_call(coordinator_address, num_processes, process_id, timeout_s):
+    """Meets every process of the run at ``coordinator_address`` before JAX's
+    coordination service starts there, so that a process that never comes is
+    named in one line instead of JAX's abort after its own timeout.
+
+    Process 0 listens on the coordinator's port until the ``num_processes -
+    1`` others have said who they are, then answers them all and frees the
+    port for JAX; the others connect (retrying until process 0 listens) and
+    wait for its answer.  Each says once what it waits for.
+
+    Raises:
+        PeersMissing: not everyone within ``timeout_s`` seconds (names who).
+        ValueError: a process of another run, or with other flags, answered.
+    """
+    host, port = coordinator_address.rsplit(":", 1)
+    host, port = host.strip("[]"), int(port)
+    deadline = time.monotonic() + timeout_s
+    where = f"--coordinator_address={coordinator_address}"
+    if process_id == 0:
+        family = socket.AF_INET6 if coordinator_address.startswith("[") else socket.AF_INET
+        _gather(family, port, num_processes, deadline, timeout_s, where)
+    else:
+        _report(host, port, num_processes, process_id, deadline, timeout_s, where)
+
+
+def _gather(family, port, num_processes, deadline, timeout_s, where):
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("", port))
+    server.listen(num_processes)
+    _say(f"waiting for {num_processes - 1} of {num_processes} processes at {where}, up to "
+         f"{timeout_s:g} s")
+    peers = {}
+    try:
+        while len(peers) < num_processes - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [str(i) for i in range(1, num_processes) if i not in peers]
+                raise PeersMissing(
+                    f"process{'es' if len(missing) > 1 else ''} {', '.join(missing)} of "
+                    f"{num_processes} did not connect to {where} within {timeout_s:g} s; "
+                    f"start the same command there with --process_id={missing[0]}, or raise "
+                    f"--initialization_timeout_s")
+            server.settimeout(min(left, 1.0))
+            try:
+                connection, _ = server.accept()
+            except socket.timeout:
+                continue
+            connection.settimeout(10)
+            try:
+                words = connection.makefile().readline().split()
+            except OSError:
+                connection.close()
+                continue
+            if words[:3] != _GREETING.split() or len(words) != 5:
+                connection.close()  # not one of ours (a port scan, a health check)
+                continue
+            peer_id, peer_count = int(words[3]), int(words[4])
+            if peer_count != num_processes or not 0 < peer_id < num_processes or (
+                    peer_id in peers):
+                connection.sendall(b"refused\n")
+                connection.close()
+                raise ValueError(
+                    f"a process started with --process_id={peer_id} --num_processes="
+                    f"{peer_count} connected to {where}, which process 0 serves for "
+                    f"{num_processes} processes" + (" (that id came twice)" if peer_id in peers
+                                                     else "") + "; give every process the "
+                    f"same --num_processes and its own --process_id")
+            peers[peer_id] = connection
+        for connection in peers.values():
+            connection.sendall(b"ok\n")
+        for connection in peers.values():  # they close first: the port stays free
+            try:
+                connection.recv(1)
+            except OSError:
+                pass
+    finally:
+        for connection in peers.values():
+            connection.close()
+        server.close()
+
+
+def _report(host, port, num_processes, process_id, deadline, timeout_s, where):
+    _say(f"waiting for process 0 at {where}, up to {timeout_s:g} s")
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PeersMissing(
+                f"process 0 of {num_processes} did not answer at {where} within "
+                f"{timeout_s:g} s; start it there (--process_id=0), or raise "
+                f"--initialization_timeout_s")
+        try:
+            connection = socket.create_connection((host, port), timeout=min(left, 5.0))
+        except OSError:
+            time.sleep(min(0.5, max(left, 0)))
+            continue
+        try:
+            connection.settimeout(max(deadline - time.monotonic(), 0.1))
+            connection.sendall(f"{_GREETING} {process_id} {num_processes}\n".encode())
+            answer = connection.makefile().readline().strip()
+        except OSError:
+            answer = None
+        finally:
+            connection.close()
+        if answer == "ok":
+            return
+        if answer == "refused":
+            raise ValueError(
+                f"process 0 at {where} refused this process (--process_id={process_id} "
+                f"--num_processes={num_processes}); give every process the same "
+                f"--num_processes and its own --process_id")
+        if answer is None and time.monotonic() >= deadline:
+            continue  # reported as missing above
+        time.sleep(0.5)  # process 0 went away (or is JAX's service already): try again
+
+
+def initialize(coordinator_address=None, num_processes=None, process_id=None,
+               timeout_s=INITIALIZATION_TIMEOUT_S):
     """Connects this process to the others of its run, before any JAX
     computation.
 
@@ -74,11 +204,14 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None):
     slice needs nothing (its hosts find each other); anything else is one
     process.  On CPUs the processes exchange gradients over Gloo.
 
+    ``timeout_s``: how long the processes wait for each other (with the
+    three arguments, :func:`roll_call` names those that do not come).
+
     Returns the number of processes.
 
     Raises:
-        ValueError: bad arguments, or processes that do not meet in time (one
-            line).
+        PeersMissing: processes that do not meet in time (one line).
+        ValueError: bad arguments, or JAX's own connection failing (one line).
     """
     import jax
 
@@ -90,13 +223,15 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None):
         return 1
     if explicit and process_id == 0:
         check_port_free(coordinator_address)
+    if explicit:
+        roll_call(coordinator_address, num_processes, process_id, timeout_s)
     # CPU processes all-reduce through Gloo (the default has no cross-process
     # collectives); GPUs and TPUs use their own.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     arguments = dict(coordinator_address=coordinator_address, num_processes=num_processes,
                      process_id=process_id) if explicit else {}
     try:
-        jax.distributed.initialize(**arguments, initialization_timeout=INITIALIZATION_TIMEOUT_S,
+        jax.distributed.initialize(**arguments, initialization_timeout=int(timeout_s),
                                    heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     except (RuntimeError, ValueError) as error:
         where = (f"--coordinator_address={coordinator_address} as process {process_id} of "

@@ -201,3 +201,67 @@ def test_process_0_on_a_taken_port_exits_with_one_line(tmp_path):
     assert done.returncode == 2
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and f"port {port} is in use by another program" in errors[0]
+
+
+@jax_only
+@pytest.mark.parametrize("present", [0, 1])
+def test_a_process_whose_peer_never_comes_ends_in_one_line(tmp_path, present):
+    """Only process ``present`` of 2 starts: it says what it waits for, and
+    after --initialization_timeout_s one line names the one that did not
+    come; status 1, no stack trace."""
+    started = time.time()
+    result = subprocess.run(
+        _command(tmp_path / "run", [f"--coordinator_address=127.0.0.1:{_port()}",
+                                    "--num_processes=2", f"--process_id={present}",
+                                    "--initialization_timeout_s=4"]),
+        env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert time.time() - started < 4 + 60  # the timeout, and the program's start
+    waiting = ("waiting for 1 of 2 processes at --coordinator_address=127.0.0.1:"
+               if present == 0 else "waiting for process 0 at --coordinator_address=")
+    assert waiting in result.stderr and "up to 4 s" in result.stderr
+    errors = error_lines(result.stderr)
+    missing = "process 1 of 2 did not connect" if present == 0 else (
+        "process 0 of 2 did not answer")
+    assert len(errors) == 1 and missing in errors[0] and "within 4 s" in errors[0], \
+        result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "run")
+
+
+@jax_only
+def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path):
+    """A preemption notice that reaches one host only: both processes save
+    the same step and exit 75; the same commands resume, and the run ends as
+    an uninterrupted two-process run does."""
+    import threading
+
+    extra = ["--train_steps=12", "--steps_per_execution=1", "--checkpoint_every=epoch"]
+    straight = tmp_path / "straight"
+    (rc0, _, err0), (rc1, _, err1) = _finish(_start_pair(straight, extra))
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+
+    run = tmp_path / "run"
+    procs = _start_pair(run, extra)
+    seen = threading.Event()
+
+    def read():
+        for line in procs[0].stdout:
+            if line.startswith("epoch 1 "):
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert seen.wait(300)
+    procs[1].send_signal(signal.SIGTERM)
+    codes = [proc.wait(timeout=120) for proc in procs]
+    errs = [proc.stderr.read() for proc in procs]
+    assert codes == [75, 75], errs[0][-2000:] + errs[1][-2000:]
+    steps = {line.split(" at step ")[1].split()[0] for err in errs for line in err.splitlines()
+             if line.startswith("stopped by SIGTERM")}
+    assert len(steps) == 1 and 3 <= int(steps.pop()) < 12, errs
+    (rc0, out0, err0), (rc1, _, err1) = _finish(_start_pair(run, extra))
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+    assert "resuming from the checkpoint at step" in out0
+    for a, b in zip(_losses(straight), _losses(run)):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert len(_losses(run)) == 4
