@@ -21,6 +21,7 @@ TRAIN_STEPS = 2
 DATA_DIR = {data_dir!r}
 TRAIN_EXAMPLES = 256
 MODEL_DIR = "runs/colab_tiny"
+DRIVE = True
 EXPORT_DIR = "serving/colab_tiny"
 """
 
@@ -95,3 +96,18 @@ def test_notebook_runs_top_to_bottom(route, tmp_path, shared_dir):
     assert "signature_def['serving_bytes']" in text
     assert (tmp_path / "runs" / "colab_tiny" / "curves.png").exists()
     assert (tmp_path / "serving" / "colab_tiny" / "1" / "saved_model.pb").exists()
+    if route == "jax":
+        # A restarted runtime (a fresh kernel) runs the notebook again, with a
+        # longer run: the training cell resumes from MODEL_DIR's checkpoint.
+        again = nbformat.read(NOTEBOOK, as_version=4)
+        train_cell = next(i for i, c in enumerate(again.cells) if "train(config" in c.source)
+        again.cells = again.cells[:train_cell + 1]
+        next(c for c in again.cells if "parameters" in c.metadata.get("tags", [])).source = \
+            TINY.format(route=route, data_dir=os.path.join(shared_dir, "data")).replace(
+                "TRAIN_STEPS = 2", "TRAIN_STEPS = 4")
+        nbclient.NotebookClient(again, timeout=600, kernel_name="python3", resources={
+            "metadata": {"path": str(tmp_path)}}).execute()
+        text = "\n".join(out.get("text", "") for cell in again.cells
+                         if cell.cell_type == "code" for out in cell.get("outputs", []))
+        assert "model_dir: runs/colab_tiny" in text
+        assert "resuming from the checkpoint at step 2 " in text and "after 4 steps" in text
