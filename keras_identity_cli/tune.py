@@ -22,6 +22,7 @@ results.csv, results.md and a plot into --model_dir.
 """
 
 import os
+import sys
 
 from absl import flags
 
@@ -37,7 +38,8 @@ _cli.define_backend_flag()
 # trial trains --epochs=3 unless told otherwise.
 _cli.define_config_flags(
     names=("model", "depth", "dataset", "data_dir", "recipe", "batch_size", "epochs",
-           "strategy", "tpu", "precision", "seed", "train_examples", "model_dir", "verbose"),
+           "strategy", "tpu", "precision", "seed", "train_examples", "model_dir", "verbose",
+           "checkpoint_every", "stop_signal"),
     defaults={"epochs": 3})
 _cli.define_model_flags()
 flags.DEFINE_enum("tuner", "grid", list(_cli.tuners()), "Tuner.")
@@ -87,7 +89,9 @@ def _floats(name, values, log=False, ranges=True):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    from keras_identity.training import STOP_STATUS
     from keras_identity.training import ConfigError
+    from keras_identity.training import Stopped
     from keras_identity.tuning import SearchConfig
     from keras_identity.tuning import run_search
 
@@ -119,6 +123,11 @@ def main(argv):
             train.model_dir = os.path.join(
                 "runs", f"tune_{train.model}{train.resolved_depth or ''}_{train.dataset}")
         run_search(search)
+    except Stopped as stopped:
+        # The trial in progress is saved; the same command continues the search with it.
+        print(f"{stopped}; the search continues with this trial (exit status {STOP_STATUS})",
+              file=sys.stderr, flush=True)
+        sys.exit(STOP_STATUS)
     except ConfigError as error:
         _cli.fail(error, 2)
 

@@ -87,8 +87,10 @@ def signal_number(name):
     return int(getattr(signal, text))
 
 
-class Stopped(Exception):
-    """The run stopped on a signal after writing the checkpoint of ``step``."""
+class Stopped(BaseException):
+    """The run stopped on a signal after writing the checkpoint of ``step``.
+    A ``BaseException``, as ``KeyboardInterrupt`` is: it ends the program (a
+    tuner's trial loop, which catches ``Exception``, lets it pass)."""
 
     def __init__(self, signal_name, step, epoch, directory):
         self.signal_name, self.step, self.epoch, self.directory = (
@@ -98,9 +100,11 @@ class Stopped(Exception):
             f"checkpoint of that step is in {directory}; run the same command to resume")
 
 
-class SaveRequest(Exception):
+class SaveRequest(BaseException):
     """Raised out of ``model.fit`` by :class:`InEpochCheckpoints`: write a
-    checkpoint now, then stop (``signal_name`` set) or continue."""
+    checkpoint now, then stop (``signal_name`` set) or continue.  A
+    ``BaseException``, as ``KeyboardInterrupt`` is, so that code which
+    catches ``Exception`` around a fit (a tuner's trial loop) lets it pass."""
 
     def __init__(self, signal_name=None):
         super().__init__("a checkpoint was requested inside an epoch")
@@ -268,3 +272,106 @@ class InEpochCheckpoints(_StepCounter):
         received, _ = self._decide()
         if received is not None:
             raise SaveRequest(received)
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Keeps each epoch's logs (``rows``) and writes a checkpoint at each
+    epoch's end with them: what a fit that is not a ``keras-identity-train``
+    run (a tuner's trial) resumes from."""
+
+    def __init__(self, checkpointer, rows=()):
+        super().__init__()
+        self.checkpointer = checkpointer
+        self.rows = list(rows)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.rows.append({"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}})
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        self.checkpointer.save(self.model, step=step, epoch=epoch + 1, history=self.rows)
+
+    def history(self):
+        """A Keras ``History`` of every epoch logged, before a resume too."""
+        merged = keras.callbacks.History()
+        merged.set_model(self.model)
+        merged.epoch = [row["epoch"] - 1 for row in self.rows]
+        keys = [k for k in self.rows[-1] if k != "epoch"] if self.rows else []
+        merged.history = {k: [row.get(k) for row in self.rows] for k in keys}
+        return merged
+
+
+def _close(stream):
+    if hasattr(stream, "close"):  # the JAX route's threads
+        stream.close()
+
+
+def _fit_segments(model, make_train, validation_data, callbacks, strategy, steps_per_epoch,
+                  step, end_step, metrics, verbose):
+    """``model.fit`` from ``step`` to ``end_step``; the Keras histories.  A fit
+    that starts inside an epoch first finishes that epoch (a ``fit`` of its
+    remaining steps, its metric sums put back), so its epochs end where an
+    uninterrupted run's do."""
+    segments = []
+    if step % steps_per_epoch:
+        first_end = min(end_step, (step // steps_per_epoch + 1) * steps_per_epoch)
+        segments.append((step, first_end, first_end - step, [RestoreMetrics(metrics)]))
+        step = first_end
+    if step < end_step:
+        segments.append((step, end_step, steps_per_epoch, []))
+    histories = []
+    for begin, end, steps, extra in segments:
+        stream = make_train(begin)
+        try:
+            with strategies.fit_scope(strategy):
+                histories.append(model.fit(
+                    stream, epochs=-(-end // steps_per_epoch),
+                    initial_epoch=begin // steps_per_epoch, steps_per_epoch=steps,
+                    validation_data=validation_data, shuffle=False,
+                    callbacks=extra + list(callbacks), verbose=verbose))
+        finally:
+            _close(stream)
+    return histories
+
+
+def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, steps_per_epoch,
+                  start_step, end_step, checkpointer, history=list, verbose=0, metrics=None,
+                  print_fn=print, stop_directory=None, epoch_checkpoints=True):
+    """Trains ``model`` from ``start_step`` to ``end_step`` with ``model.fit``,
+    writing the checkpoints that :class:`InEpochCheckpoints` (one of
+    ``callbacks``) requests and stopping on a signal.
+
+    ``make_train(step)``: the training stream from global step ``step``.
+    ``checkpointer`` writes the checkpoints (``history()``: the run's rows so
+    far, kept in each); ``metrics``: the metric sums of the checkpoint this
+    fit resumes from inside an epoch.  ``epoch_checkpoints``: another callback
+    writes each epoch's end (the trainer's recorder); otherwise a signal at an
+    epoch's end is saved here too.  Returns the Keras ``History`` objects.
+
+    Raises:
+        Stopped: a stop signal, after the checkpoint of the step reached
+            (``stop_directory``: where it says the checkpoint is).
+    """
+    in_epoch = next(c for c in callbacks if isinstance(c, InEpochCheckpoints))
+    histories, step = [], start_step
+    while step < end_step:
+        try:
+            histories += _fit_segments(model, make_train, validation_data, callbacks,
+                                       strategy, steps_per_epoch, step, end_step, metrics,
+                                       verbose)
+            break
+        except SaveRequest as request:
+            step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+            inside = bool(step % steps_per_epoch)
+            metrics = metric_state(model) if inside else None
+            if inside or not epoch_checkpoints:
+                checkpointer.save(model, step=step, epoch=step // steps_per_epoch,
+                                  history=history(), extra={"metrics": metrics} if inside
+                                  else None)
+                if inside:
+                    print_fn(f"checkpoint at step {step:,} (inside epoch "
+                             f"{step // steps_per_epoch + 1})")
+            if request.signal_name is not None:
+                strategies.barrier(strategy, "keras_identity_stopped")
+                raise Stopped(request.signal_name, step, -(-step // steps_per_epoch),
+                              stop_directory or checkpointer.directory) from None
+            in_epoch.restart_clock()
+    return histories

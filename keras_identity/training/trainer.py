@@ -746,66 +746,20 @@ def _close(stream):
         stream.close()
 
 
-def _fit(model, make_train, eval_ds, callbacks, run, step, end_step, metrics):
-    """``model.fit`` from ``step`` to ``end_step``.  A run that resumes inside
-    an epoch first finishes that epoch (a ``fit`` of its remaining steps, its
-    metric sums put back), so its epochs end where an uninterrupted run's do."""
-    per_epoch, verbose = run.schedule.steps_per_epoch, run.config.verbose if run.chief else 0
-    segments = []
-    if step % per_epoch:
-        first_end = min(end_step, (step // per_epoch + 1) * per_epoch)
-        segments.append((step, first_end, first_end - step,
-                         [preemption.RestoreMetrics(metrics)]))
-        step = first_end
-    if step < end_step:
-        segments.append((step, end_step, per_epoch, []))
-    for begin, end, steps, extra in segments:
-        train_ds = make_train(begin)
-        try:
-            with strategies.fit_scope(run.strategy):
-                model.fit(train_ds, epochs=math.ceil(end / per_epoch),
-                          initial_epoch=begin // per_epoch, steps_per_epoch=steps,
-                          validation_data=eval_ds, shuffle=False,
-                          callbacks=extra + callbacks, verbose=verbose)
-        finally:
-            _close(train_ds)
-
-
 def _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_step, print_fn,
                   metrics=None):
-    """Trains from ``start_step`` to ``end_step`` and saves ``model.keras``.
-
-    A checkpoint requested inside an epoch (:mod:`preemption`: a stop signal,
-    ``--checkpoint_every``) is written here, of the step the optimizer has
-    reached, with the epoch's metric sums; training then continues from it
-    as a resumed run would, or stops with :class:`preemption.Stopped`.
-    ``metrics``: the metric sums of the checkpoint resumed inside an epoch.
-    """
+    """Trains from ``start_step`` to ``end_step`` (:func:`preemption.fit_resumable`:
+    checkpoints inside epochs, stop signals) and saves ``model.keras``.
+    ``metrics``: the metric sums of the checkpoint resumed inside an epoch."""
     schedule, work_dir = run.schedule, run.work_dir
-    per_epoch = schedule.steps_per_epoch
     recorder = next(c for c in callbacks if isinstance(c, callbacks_lib.RunRecorder))
-    in_epoch = next(c for c in callbacks if isinstance(c, preemption.InEpochCheckpoints))
     try:
-        step = start_step
-        while step < end_step:
-            try:
-                _fit(model, make_train, eval_ds, callbacks, run, step, end_step, metrics)
-                break
-            except preemption.SaveRequest as request:
-                step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-                metrics = preemption.metric_state(model) if step % per_epoch else None
-                checkpointer = recorder.checkpointer
-                if step % per_epoch:  # an epoch's end has the recorder's checkpoint
-                    checkpointer.save(model, step=step, epoch=step // per_epoch,
-                                      history=recorder.history, extra={"metrics": metrics})
-                    print_fn(f"checkpoint at step {step:,} (inside epoch "
-                             f"{step // per_epoch + 1})")
-                if request.signal_name is not None:
-                    strategies.barrier(run.strategy, "keras_identity_stopped")
-                    raise preemption.Stopped(
-                        request.signal_name, step, math.ceil(step / per_epoch),
-                        run.checkpointer.directory) from None
-                in_epoch.restart_clock()
+        preemption.fit_resumable(
+            model, make_train=make_train, validation_data=eval_ds, callbacks=callbacks,
+            strategy=run.strategy, steps_per_epoch=schedule.steps_per_epoch,
+            start_step=start_step, end_step=end_step, checkpointer=recorder.checkpointer,
+            history=lambda: recorder.history, verbose=run.config.verbose if run.chief else 0,
+            metrics=metrics, print_fn=print_fn, stop_directory=run.checkpointer.directory)
         if start_step >= end_step and end_step < schedule.total_steps:
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         elif start_step >= end_step:

@@ -228,6 +228,22 @@ class TrainingHyperModel(keras_tuner.HyperModel):
                                                                    schedule, config),
                                      config.jit_compile)
 
+    # Set by the search (keras_identity.tuning.search.run_search): how a trial
+    # resumes and stops (a TrialProgress); None: a plain Keras fit.
+    progress = None
+
+    def fit(self, hp, model, *args, **kwargs):
+        """A trial's fit: with :attr:`progress`, checkpointed inside and at the
+        end of every epoch, stopped by the stop signals, and resumed from its
+        checkpoint when the search retries the trial (a search that was
+        stopped); else Keras's own."""
+        if self.progress is None or kwargs.get("initial_epoch"):  # Hyperband's rounds
+            return super().fit(hp, model, *args, **kwargs)
+        return self.progress.fit(model, epochs=kwargs["epochs"],
+                                 validation_data=kwargs.get("validation_data"),
+                                 callbacks=kwargs.get("callbacks", []),
+                                 verbose=kwargs.get("verbose", 0))
+
 
 def apply_values(config, values):
     """``config`` with a trial's values: the gate bias and the activation go

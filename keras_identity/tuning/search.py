@@ -10,12 +10,15 @@ import itertools
 import json
 import math
 import os
+import shutil
 import time
 
 import keras
 import keras_tuner
 
 from keras_identity.training import callbacks as callbacks_lib
+from keras_identity.training import checkpoints
+from keras_identity.training import preemption
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import strategies
 from keras_identity.training import trainer
@@ -44,6 +47,49 @@ OBJECTIVES = {
 RECORDS = "records_per_trial.json"
 
 
+class TrialProgress:
+    """How a search's trials keep their progress and stop: each trial writes
+    checkpoints into ``<trial folder>/progress`` (at every epoch's end and as
+    ``--checkpoint_every`` says), a stop signal saves the step in progress
+    and raises :class:`preemption.Stopped`, and a trial that the search
+    retries (Keras Tuner retries the trial a stopped search was running)
+    resumes from its checkpoint.  The folder is removed when the trial ends.
+    """
+
+    def __init__(self, strategy, make_train, steps_per_epoch, signals, checkpoint_every,
+                 print_fn=print):
+        self.strategy = strategy
+        self.make_train = make_train
+        self.steps_per_epoch = steps_per_epoch
+        self.signals = signals
+        self.every_steps, self.every_seconds = preemption.parse_checkpoint_every(
+            checkpoint_every)
+        self.print_fn = print_fn
+        self.directory = None   # the trial's folder, set before each trial
+
+    def fit(self, model, *, epochs, validation_data, callbacks, verbose):
+        progress = os.path.join(self.directory, "progress")
+        checkpointer = checkpoints.Checkpointer(progress, keep=1, owns_directory=True)
+        state = checkpointer.restore(model) if os.path.isdir(progress) else None
+        start = state["step"] if state else 0
+        if state:
+            self.print_fn(f"trial {os.path.basename(self.directory)} resumes from its "
+                          f"checkpoint at step {start:,}")
+        log = preemption.EpochLog(checkpointer, state["history"] if state else ())
+        in_epoch = preemption.InEpochCheckpoints(
+            self.strategy, self.signals, self.steps_per_epoch, self.every_steps,
+            self.every_seconds)
+        preemption.fit_resumable(
+            model, make_train=self.make_train, validation_data=validation_data,
+            callbacks=[*callbacks, log, in_epoch], strategy=self.strategy,
+            steps_per_epoch=self.steps_per_epoch, start_step=start,
+            end_step=epochs * self.steps_per_epoch, checkpointer=checkpointer,
+            history=lambda: log.rows, verbose=verbose,
+            metrics=state.get("metrics") if state else None, print_fn=self.print_fn)
+        shutil.rmtree(progress, ignore_errors=True)
+        return log.history()
+
+
 class _TimedTrials:
     """Records each trial's wall-clock time, epochs run and last-epoch losses
     in ``records_per_trial.json`` (Keras Tuner keeps only the best epoch's).
@@ -55,6 +101,8 @@ class _TimedTrials:
 
     def run_trial(self, trial, *args, **kwargs):
         start = time.time()
+        if getattr(self.hypermodel, "progress", None) is not None:
+            self.hypermodel.progress.directory = self.get_trial_dir(trial.trial_id)
         result = super().run_trial(trial, *args, **kwargs)
         histories = result if isinstance(result, list) else [result]
         logs = getattr(histories[-1], "history", {})
@@ -512,13 +560,25 @@ def run_search(search, print_fn=print):
              f"{schedule.epochs} epochs of {schedule.steps_per_epoch} steps per trial; "
              f"{strategies.describe(strategy)}"
              + (f"; continuing after {done_before} finished trials" if done_before else ""))
+    augmentation = config.augmentation or recipe.augmentation
+
+    def make_train(step):
+        return trainer.input_streams(
+            strategy, data, batch_size=schedule.batch_size, normalization=normalization,
+            augmentation=augmentation, seed=config.seed, start_step=step, split="val",
+            evaluation=False)[0]
+
+    signals = preemption.StopSignals(config.stop_signal)
+    hypermodel.progress = TrialProgress(strategy, make_train, schedule.steps_per_epoch,
+                                        signals, config.checkpoint_every, print_fn)
     try:
-        with strategies.fit_scope(strategy):
+        with signals, strategies.fit_scope(strategy):
             tuner.search(train_ds, epochs=schedule.epochs,
                          steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
                          callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
                          verbose=config.verbose)
     finally:
+        hypermodel.progress = None
         for stream in (train_ds, val_ds):
             if hasattr(stream, "close"):  # the JAX route's threads
                 stream.close()

@@ -2,6 +2,7 @@ import csv
 import json
 import os
 
+import keras
 import pytest
 
 from keras_identity.training import ConfigError
@@ -207,3 +208,50 @@ def test_no_retraining_when_every_trial_diverged(tmp_path, objective):
     assert row["note"] == ("diverged (NaN loss)" if row["train_loss"] != row["train_loss"]
                            else "diverged (infinite loss)")
     assert result["retrain"] is None and "not retraining: every trial diverged." in lines
+
+
+def test_a_stop_signal_saves_the_trial_in_progress_and_the_search_resumes_it(tmp_path,
+                                                                             monkeypatch):
+    """SIGTERM in the middle of the second trial: the search stops after the
+    step in progress with the trial's checkpoint; run again, it finishes
+    that trial from the checkpoint (not from its start) and the search, with
+    the results of a search never stopped."""
+    import signal
+
+    from keras_identity.training import Stopped
+    from keras_identity.training import preemption
+
+    def config(name):
+        search = search_config(tmp_path / name, gate_biases=(0.0, -2.0))
+        search.train.epochs, search.train.train_examples = 2, 1280
+        search.train.deterministic, search.train.seed = True, 1
+        search.train.steps_per_execution = 1
+        return search
+
+    straight = run_search(config("straight"), print_fn=quiet)["rows"]
+    calls = []
+    original = preemption.InEpochCheckpoints.on_train_batch_end
+
+    def end(self, batch, logs=None):
+        calls.append(batch)
+        if len(calls) == 18 + 13:  # the second trial (9 steps an epoch), 4 into epoch 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, batch, logs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(preemption.InEpochCheckpoints, "on_train_batch_end", end)
+        with pytest.raises(Stopped) as stopped:
+            run_search(config("stopped"), print_fn=quiet)
+    # The JAX route decides beside the next steps: a few more may run first.
+    step = stopped.value.step
+    assert step == 13 or (keras.backend.backend() == "jax" and 13 <= step <= 18)
+    assert stopped.value.directory.endswith("progress")
+    lines = []
+    resumed = run_search(config("stopped"), print_fn=lines.append)["rows"]
+    assert any(f"resumes from its checkpoint at step {step}" in line for line in lines), lines
+    assert len(resumed) == len(straight) == 2
+    for ours, theirs in zip(sorted(resumed, key=lambda r: r["gate_bias_init"]),
+                            sorted(straight, key=lambda r: r["gate_bias_init"])):
+        assert ours["val_error"] == pytest.approx(theirs["val_error"], abs=1e-6)
+        assert ours["epochs"] == theirs["epochs"] == 2
+    assert not list((tmp_path / "stopped" / "tune" / "search").glob("trial_*/progress"))
