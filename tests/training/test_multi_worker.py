@@ -58,3 +58,54 @@ def test_two_workers_match_one(tmp_path):
     # Only the chief writes the run's outputs; the other worker uses a scratch dir.
     assert (tmp_path / "mw" / "model.keras").exists()
     assert (tmp_path / "mw" / ".worker1").is_dir()
+
+
+def test_sigterm_to_one_worker_stops_both_at_one_step_and_they_resume(tmp_path):
+    """A preemption notice that reaches one worker only: both save the same
+    step (agreed through the strategy's all-reduce) and exit 75; the same
+    commands resume and end as two workers never stopped do."""
+    import signal
+    import threading
+
+    def start(model_dir, extra):
+        ports = _free_ports(2)
+        cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+        return [_run(["--strategy=multi_worker", f"--model_dir={model_dir}", *extra],
+                     dict(os.environ, TF_CONFIG=json.dumps(
+                         {"cluster": cluster, "task": {"type": "worker", "index": i}})))
+                for i in range(2)]
+
+    extra = ["--epochs=3", "--checkpoint_every=epoch"]
+    straight = start(tmp_path / "straight", extra)
+    outputs = [p.communicate(timeout=300)[0] for p in straight]
+    assert [p.returncode for p in straight] == [0, 0], outputs[0][-2000:]
+
+    workers, seen, lines = start(tmp_path / "run", extra), threading.Event(), []
+
+    def read():
+        for line in workers[0].stdout:
+            lines.append(line)
+            if line.startswith("epoch 1 "):
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert seen.wait(300), "".join(lines)[-2000:]
+    workers[1].send_signal(signal.SIGTERM)
+    other = workers[1].communicate(timeout=120)[0]
+    assert workers[0].wait(timeout=120) == 75 and workers[1].returncode == 75, (
+        "".join(lines)[-2000:] + other[-2000:])
+    reader.join(10)
+    steps = {line.split(" at step ")[1].split()[0] for line in lines + other.splitlines()
+             if line.startswith("stopped by SIGTERM")}
+    assert len(steps) == 1 and 8 <= int(steps.pop()) < 24, "".join(lines) + other
+
+    resumed = start(tmp_path / "run", extra)
+    outputs = [p.communicate(timeout=300)[0] for p in resumed]
+    assert [p.returncode for p in resumed] == [0, 0], outputs[0][-2000:]
+    assert "resuming from the checkpoint at step" in outputs[0]
+    ours = json.loads((tmp_path / "run" / "history.json").read_text())
+    theirs = json.loads((tmp_path / "straight" / "history.json").read_text())
+    assert [r["step"] for r in ours] == [8, 16, 24]
+    np.testing.assert_allclose([r["loss"] for r in ours], [r["loss"] for r in theirs],
+                               rtol=1e-5)
