@@ -5,6 +5,7 @@ that dies stops the other with one line."""
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -228,14 +229,22 @@ def test_a_process_whose_peer_never_comes_ends_in_one_line(tmp_path, present):
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "run")
 
 
+# After process 0's first epoch line, the notice comes at once or after a
+# random delay: ten moments in all, nine of them in the slow run.
+_SLOW_DELAYS = sorted(round(d, 2) for d in random.Random(7).sample(
+    [x / 100 for x in range(5, 100)], 9))
+
+
 @jax_only
-def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path):
+@pytest.mark.parametrize("delay", [0.0] + [pytest.param(d, marks=pytest.mark.slow)
+                                           for d in _SLOW_DELAYS])
+def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path, delay):
     """A preemption notice that reaches one host only: both processes save
     the same step and exit 75; the same commands resume, and the run ends as
     an uninterrupted two-process run does."""
     import threading
 
-    extra = ["--train_steps=12", "--steps_per_execution=1", "--checkpoint_every=epoch"]
+    extra = ["--train_steps=24", "--steps_per_execution=1", "--checkpoint_every=epoch"]
     straight = tmp_path / "straight"
     (rc0, _, err0), (rc1, _, err1) = _finish(_start_pair(straight, extra))
     assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
@@ -252,16 +261,17 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path)
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     assert seen.wait(300)
+    time.sleep(delay)
     procs[1].send_signal(signal.SIGTERM)
     codes = [proc.wait(timeout=120) for proc in procs]
     errs = [proc.stderr.read() for proc in procs]
     assert codes == [75, 75], errs[0][-2000:] + errs[1][-2000:]
     steps = {line.split(" at step ")[1].split()[0] for err in errs for line in err.splitlines()
              if line.startswith("stopped by SIGTERM")}
-    assert len(steps) == 1 and 3 <= int(steps.pop()) < 12, errs
+    assert len(steps) == 1 and 3 <= int(steps.pop()) < 24, errs
     (rc0, out0, err0), (rc1, _, err1) = _finish(_start_pair(run, extra))
     assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
     assert "resuming from the checkpoint at step" in out0
     for a, b in zip(_losses(straight), _losses(run)):
         assert a == pytest.approx(b, abs=1e-5)
-    assert len(_losses(run)) == 4
+    assert len(_losses(run)) == 8
