@@ -103,7 +103,9 @@ class RunRecorder(keras.callbacks.Callback):
     """
 
     def __init__(self, *, checkpointer, history, global_batch, total_steps, writer=None,
-                 title="", print_fn=print):
+                 title="", print_fn=print, epoch_progress=None):
+        """``epoch_progress``: what :meth:`epoch_progress` returned when the
+        checkpoint this run resumes inside an epoch was written."""
         super().__init__()
         self.checkpointer = checkpointer
         self.history = list(history)
@@ -113,11 +115,25 @@ class RunRecorder(keras.callbacks.Callback):
         self.title = title
         self.print_fn = print_fn
         self._train_end = None
+        self._epoch = None
+        self._carried = dict(epoch_progress or {})
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = time.time()
+        if epoch == self._epoch:
+            return  # the same epoch goes on in a new fit (after a checkpoint inside it)
+        carried, self._carried = self._carried, {}
+        self._epoch = epoch
+        self._epoch_start = time.time() - carried.get("epoch_seconds", 0.0)
         self._train_end = None
-        self._first_step = int(self.model.optimizer.iterations.numpy())
+        self._first_step = carried.get(
+            "epoch_first_step", int(self.model.optimizer.iterations.numpy()))
+
+    def epoch_progress(self):
+        """The epoch in progress so far (its time and first step), kept in a
+        checkpoint written inside it: the resumed epoch's row then counts
+        its whole time and images."""
+        return {"epoch_seconds": time.time() - self._epoch_start,
+                "epoch_first_step": self._first_step}
 
     def on_test_begin(self, logs=None):
         if self._train_end is None:  # validation starts: the epoch's training ended

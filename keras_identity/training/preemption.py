@@ -14,7 +14,7 @@ checkpoints inside an epoch.
 * **Agreement across processes.**  Every process of a multi-process run
   stops, or writes an interval checkpoint, after the same step: the
   decision is taken once per compiled call (``steps_per_execution`` steps)
-  with the run's own collective (:func:`strategies.any_process`), so a
+  with the run's own collective (:func:`strategies.any_over_processes`), so a
   signal that reaches one host only stops them all.
 
 Both work the same way: the callback :class:`InEpochCheckpoints` raises
@@ -23,6 +23,8 @@ of the optimizer's step and either raises :class:`Stopped` or continues with
 a new ``fit`` from that step, as a resumed run would.
 """
 
+import math
+import os
 import re
 import signal
 import sys
@@ -34,12 +36,15 @@ import keras
 import numpy as np
 
 from keras_identity.training import strategies
-from keras_identity.training.callbacks import _StepCounter
+from keras_identity.training.callbacks import TrainingDiverged
 
 # sysexits.h EX_TEMPFAIL: stopped on request after saving; the same command
 # continues the run (a scheduler's requeue condition).
 STOP_STATUS = 75
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT")
+# What --stop_signal may name (those this platform has).
+OTHER_SIGNALS = tuple(s for s in ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU")
+                      if hasattr(signal, s))
 # --checkpoint_every's default: at most this much training is lost to a kill
 # that gives no warning (a signal loses none).
 DEFAULT_CHECKPOINT_EVERY = "10m"
@@ -76,8 +81,7 @@ def signal_number(name):
     """
     text = str(name).strip().upper()
     text = text if text.startswith("SIG") else "SIG" + text
-    allowed = [s for s in ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU")
-               if hasattr(signal, s)]
+    allowed = OTHER_SIGNALS
     if text in DEFAULT_SIGNALS:
         raise ValueError(f"stop_signal={name!r} is not valid: {text} always stops a run; "
                          f"expected another signal: {', '.join(allowed)}.")
@@ -92,12 +96,14 @@ class Stopped(BaseException):
     A ``BaseException``, as ``KeyboardInterrupt`` is: it ends the program (a
     tuner's trial loop, which catches ``Exception``, lets it pass)."""
 
-    def __init__(self, signal_name, step, epoch, directory):
+    def __init__(self, signal_name, step, epoch, directory, saved=True):
         self.signal_name, self.step, self.epoch, self.directory = (
             signal_name, int(step), int(epoch), directory)
-        super().__init__(
-            f"stopped by {signal_name} at step {self.step:,} (epoch {self.epoch}): the "
-            f"checkpoint of that step is in {directory}; run the same command to resume")
+        self.saved = saved
+        where = (f"the checkpoint of that step is in {directory}" if saved else
+                 "no checkpoint of it (this trial restarts from its start)")
+        super().__init__(f"stopped by {signal_name} at step {self.step:,} (epoch "
+                         f"{self.epoch}): {where}; run the same command to resume")
 
 
 class SaveRequest(BaseException):
@@ -106,9 +112,9 @@ class SaveRequest(BaseException):
     ``BaseException``, as ``KeyboardInterrupt`` is, so that code which
     catches ``Exception`` around a fit (a tuner's trial loop) lets it pass."""
 
-    def __init__(self, signal_name=None):
-        super().__init__("a checkpoint was requested inside an epoch")
-        self.signal_name = signal_name
+    def __init__(self, step, signal_name=None):
+        super().__init__(f"a checkpoint of step {step} was requested")
+        self.step, self.signal_name = int(step), signal_name
 
 
 class StopSignals:
@@ -131,12 +137,11 @@ class StopSignals:
     def _handle(self, number, frame):
         name = signal.Signals(number).name
         if self.received is not None:
-            self.print_fn(f"a second stop signal ({name}): exiting at once, without saving "
-                          f"the step in progress (the last checkpoint is intact)")
-            sys.stdout.flush()
-            import os
-
-            os._exit(128 + number)
+            try:
+                self.print_fn(f"a second stop signal ({name}): exiting at once, without "
+                              f"saving the step in progress (the last checkpoint is intact)")
+            finally:  # even if the line cannot be written (a write it interrupted)
+                os._exit(128 + number)
         self.received = name
         self.print_fn(f"{name} received: saving a checkpoint after the step in progress "
                       f"(send it again to exit at once)")
@@ -199,22 +204,29 @@ class RestoreMetrics(keras.callbacks.Callback):
                           "the checkpoint.", stacklevel=2)
 
 
-class InEpochCheckpoints(_StepCounter):
+class InEpochCheckpoints(keras.callbacks.Callback):
     """Raises :class:`SaveRequest` before the call that follows a step where
     a checkpoint is due inside an epoch: a stop signal has arrived,
     ``every_steps`` steps or ``every_seconds`` of training have passed since
     the last checkpoint.  Epoch ends are left to the run's own checkpoint: a
     signal that arrives in an epoch's last call or its evaluation stops the
-    run right after it (:meth:`on_epoch_end`).
+    run right after it (:meth:`on_epoch_end`; this callback comes last).  A
+    signal once the run's last step is done is left alone: the run ends.
+
+    The step a request names is the position in the data stream (the
+    batches consumed: :meth:`begin_fit` gives where a fit starts), not the
+    optimizer's count, which a skipped float16 step does not advance.
 
     The decision is taken after each call (``on_train_batch_end``) and acted
-    on before the next (``on_train_batch_begin``, always in the main thread),
-    so the checkpoint is of the step the optimizer has reached.  Across
-    processes the decision is the same in every one
-    (:func:`strategies.any_over_processes`, once per call).  In a single JAX
-    process the decision runs beside the next step (Keras's asynchronous
-    callbacks) and is acted on a call or two later.
+    on before the next (``on_train_batch_begin``, always in the main thread).
+    Across processes it is the same in every one
+    (:func:`strategies.any_over_processes`, once per call, over a fixed list
+    of flags).  In a single JAX process the decision runs beside the next
+    step (Keras's asynchronous callbacks) and is acted on a call or two
+    later; a decision made before the last checkpoint is dropped.
     """
+
+    _NAMES = DEFAULT_SIGNALS + OTHER_SIGNALS
 
     def __init__(self, strategy, signals, steps_per_epoch, every_steps=None,
                  every_seconds=None):
@@ -225,17 +237,28 @@ class InEpochCheckpoints(_StepCounter):
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self._several = strategies.several_processes(strategy)
-        self._last_time = time.monotonic()
+        self._generation = 0
         self._pending = None
+        self.begin_fit(0, math.inf)
 
     @property
     def async_safe(self):
         return keras.backend.backend() == "jax" and not self._several
 
+    def begin_fit(self, step, end_step):
+        """The next ``fit`` starts at position ``step`` and the run ends at
+        ``end_step``; the clocks restart (a checkpoint was just written)."""
+        self._fit_begin, self._end = int(step), end_step
+        self._epoch_begin = self._last_saved = int(step)
+        self.restart_clock()
+
     def restart_clock(self):
-        """Counts the training time from now (a checkpoint was just written)."""
         self._last_time = time.monotonic()
+        self._generation += 1
         self._pending = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_begin = max(epoch * self.steps_per_epoch, self._fit_begin)
 
     def _decide(self, late=False):
         """``(signal name or None, an interval checkpoint due)``, the same
@@ -243,35 +266,35 @@ class InEpochCheckpoints(_StepCounter):
         received = self.signals.received if self.signals is not None else None
         if not self._several:
             return received, late
-        names = [signal.Signals(n).name for n in self.signals.numbers] if self.signals else []
         flags = strategies.any_over_processes(
-            self.strategy, [received == name for name in names] + [late])
-        return next((name for name, flag in zip(names, flags) if flag), None), flags[-1]
+            self.strategy, [received == name for name in self._NAMES] + [late])
+        return next((n for n, flag in zip(self._NAMES, flags) if flag), None), flags[-1]
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._pending is not None:
-            request, self._pending = self._pending, None
-            raise request
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == self._generation:
+            raise SaveRequest(self._epoch_begin + int(batch), pending[1])
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.step(batch)
-        if step % self.steps_per_epoch == 0 or self._pending is not None:
-            return  # the epoch ends here (its own checkpoint follows), or decided
+        generation, step = self._generation, self._epoch_begin + int(batch) + 1
+        if step % self.steps_per_epoch == 0 or step >= self._end or self._pending:
+            return  # an epoch or the run ends here (their own checkpoints), or decided
         late = (self.every_seconds is not None
-                and time.monotonic() - self._last_time >= self.every_seconds)
+                and time.monotonic() - self._last_time >= self.every_seconds) or bool(
+                    self.every_steps and step - self._last_saved >= self.every_steps)
         received, late = self._decide(late)
-        if received is not None:
-            self._pending = SaveRequest(received)
-        elif late or (self.every_steps and step - self._epoch_start >= self.every_steps):
-            self._pending = SaveRequest()
+        if received is not None or late:
+            self._pending = (generation, received)
 
     def on_epoch_end(self, epoch, logs=None):
         # The run's epoch-end checkpoint was just written (the recorder runs
-        # first): an interval checkpoint still pending is not needed.
+        # before): an interval checkpoint still pending is not needed.
+        step = min((epoch + 1) * self.steps_per_epoch, self._end)
+        self._last_saved = step
         self.restart_clock()
         received, _ = self._decide()
-        if received is not None:
-            raise SaveRequest(received)
+        if received is not None and step < self._end:
+            raise SaveRequest(step, received)
 
 
 class EpochLog(keras.callbacks.Callback):
@@ -299,13 +322,15 @@ class EpochLog(keras.callbacks.Callback):
         return merged
 
 
-def _close(stream):
-    if hasattr(stream, "close"):  # the JAX route's threads
+def close_stream(stream):
+    """Stops an input stream's threads (the JAX route's ``PyDataset``
+    objects; tf.data needs nothing)."""
+    if hasattr(stream, "close"):
         stream.close()
 
 
-def _fit_segments(model, make_train, validation_data, callbacks, strategy, steps_per_epoch,
-                  step, end_step, metrics, verbose):
+def _fit_segments(model, make_train, validation_data, callbacks, in_epoch, strategy,
+                  steps_per_epoch, step, end_step, metrics, verbose):
     """``model.fit`` from ``step`` to ``end_step``; the Keras histories.  A fit
     that starts inside an epoch first finishes that epoch (a ``fit`` of its
     remaining steps, its metric sums put back), so its epochs end where an
@@ -319,6 +344,9 @@ def _fit_segments(model, make_train, validation_data, callbacks, strategy, steps
         segments.append((step, end_step, steps_per_epoch, []))
     histories = []
     for begin, end, steps, extra in segments:
+        if model.stop_training:  # a callback stopped the segment before (a NaN loss)
+            break
+        in_epoch.begin_fit(begin, end_step)
         stream = make_train(begin)
         try:
             with strategies.fit_scope(strategy):
@@ -328,44 +356,61 @@ def _fit_segments(model, make_train, validation_data, callbacks, strategy, steps
                     validation_data=validation_data, shuffle=False,
                     callbacks=extra + list(callbacks), verbose=verbose))
         finally:
-            _close(stream)
+            close_stream(stream)
     return histories
 
 
+def _loss_state_finite(values):
+    return all(math.isfinite(float(v)) for metric in values for value in metric
+               for v in np.ravel(value))
+
+
 def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, steps_per_epoch,
-                  start_step, end_step, checkpointer, history=list, verbose=0, metrics=None,
-                  print_fn=print, stop_directory=None, epoch_checkpoints=True):
+                  start_step, end_step, checkpointer, history=list, state=dict, verbose=0,
+                  metrics=None, print_fn=print, stop_directory=None, epoch_checkpoints=True):
     """Trains ``model`` from ``start_step`` to ``end_step`` with ``model.fit``,
-    writing the checkpoints that :class:`InEpochCheckpoints` (one of
+    writing the checkpoints that :class:`InEpochCheckpoints` (the last of
     ``callbacks``) requests and stopping on a signal.
 
-    ``make_train(step)``: the training stream from global step ``step``.
+    ``make_train(step)``: the training stream from position ``step``.
     ``checkpointer`` writes the checkpoints (``history()``: the run's rows so
-    far, kept in each); ``metrics``: the metric sums of the checkpoint this
-    fit resumes from inside an epoch.  ``epoch_checkpoints``: another callback
-    writes each epoch's end (the trainer's recorder); otherwise a signal at an
-    epoch's end is saved here too.  Returns the Keras ``History`` objects.
+    far, and ``state()``: more of the caller's state, kept in each);
+    ``metrics``: the metric sums of the checkpoint this fit resumes from
+    inside an epoch.  ``epoch_checkpoints``: another callback writes each
+    epoch's end (the trainer's recorder); otherwise a signal at an epoch's
+    end is saved here too.  Returns the Keras ``History`` objects.
 
     Raises:
         Stopped: a stop signal, after the checkpoint of the step reached
             (``stop_directory``: where it says the checkpoint is).
+        TrainingDiverged: the epoch's loss is not finite where a checkpoint
+            was due (none is written).
+        ValueError: no :class:`InEpochCheckpoints` among ``callbacks``.
     """
-    in_epoch = next(c for c in callbacks if isinstance(c, InEpochCheckpoints))
+    in_epoch = callbacks[-1] if callbacks else None
+    if not isinstance(in_epoch, InEpochCheckpoints):
+        raise ValueError("fit_resumable needs an InEpochCheckpoints callback, last in "
+                         "callbacks.")
     histories, step = [], start_step
     while step < end_step:
         try:
             histories += _fit_segments(model, make_train, validation_data, callbacks,
-                                       strategy, steps_per_epoch, step, end_step, metrics,
-                                       verbose)
+                                       in_epoch, strategy, steps_per_epoch, step, end_step,
+                                       metrics, verbose)
             break
         except SaveRequest as request:
-            step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+            step = request.step
             inside = bool(step % steps_per_epoch)
             metrics = metric_state(model) if inside else None
+            if inside and not _loss_state_finite(metrics[:1]):
+                raise TrainingDiverged(step, step // steps_per_epoch + 1, float("nan")) \
+                    from None
             if inside or not epoch_checkpoints:
+                extra = dict(state())
+                if inside:
+                    extra["metrics"] = metrics
                 checkpointer.save(model, step=step, epoch=step // steps_per_epoch,
-                                  history=history(), extra={"metrics": metrics} if inside
-                                  else None)
+                                  history=history(), extra=extra)
                 if inside:
                     print_fn(f"checkpoint at step {step:,} (inside epoch "
                              f"{step // steps_per_epoch + 1})")
@@ -373,5 +418,4 @@ def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, st
                 strategies.barrier(strategy, "keras_identity_stopped")
                 raise Stopped(request.signal_name, step, -(-step // steps_per_epoch),
                               stop_directory or checkpointer.directory) from None
-            in_epoch.restart_clock()
     return histories

@@ -11,8 +11,10 @@ scratch folders of their own, removed at the end).
 """
 
 import errno
+import math
 import os
 import re
+import select
 import socket
 import sys
 import time
@@ -126,25 +128,28 @@ def _gather(family, port, num_processes, deadline, timeout_s, where):
                 continue
             connection.settimeout(10)
             try:
-                words = connection.makefile().readline().split()
+                words = connection.makefile("rb").readline(200).decode(
+                    "ascii", "replace").split()
             except OSError:
                 connection.close()
                 continue
-            if words[:3] != _GREETING.split() or len(words) != 5:
+            if words[:3] != _GREETING.split() or len(words) != 5 or not all(
+                    w.isdigit() for w in words[3:]):
                 connection.close()  # not one of ours (a port scan, a health check)
                 continue
             peer_id, peer_count = int(words[3]), int(words[4])
-            if peer_count != num_processes or not 0 < peer_id < num_processes or (
-                    peer_id in peers):
+            if peer_count != num_processes or not 0 < peer_id < num_processes:
                 connection.sendall(b"refused\n")
                 connection.close()
                 raise ValueError(
                     f"a process started with --process_id={peer_id} --num_processes="
                     f"{peer_count} connected to {where}, which process 0 serves for "
-                    f"{num_processes} processes" + (" (that id came twice)" if peer_id in peers
-                                                     else "") + "; give every process the "
-                    f"same --num_processes and its own --process_id")
+                    f"{num_processes} processes; give every process the same "
+                    f"--num_processes and its own --process_id")
+            if peer_id in peers:  # that process started again: its new connection counts
+                peers.pop(peer_id).close()
             peers[peer_id] = connection
+            _drop_gone(peers)  # each still connected when the last one comes
         for connection in peers.values():
             connection.sendall(b"ok\n")
         for connection in peers.values():  # they close first: the port stays free
@@ -156,6 +161,20 @@ def _gather(family, port, num_processes, deadline, timeout_s, where):
         for connection in peers.values():
             connection.close()
         server.close()
+
+
+def _drop_gone(peers):
+    """Forgets the peers whose connection has closed (a process that
+    connected, then stopped, is waited for again)."""
+    for peer_id, connection in list(peers.items()):
+        readable, _, _ = select.select([connection], [], [], 0)
+        if readable:
+            try:
+                gone = connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                gone = True
+            if gone:
+                peers.pop(peer_id).close()
 
 
 def _report(host, port, num_processes, process_id, deadline, timeout_s, where):
@@ -231,7 +250,7 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     arguments = dict(coordinator_address=coordinator_address, num_processes=num_processes,
                      process_id=process_id) if explicit else {}
     try:
-        jax.distributed.initialize(**arguments, initialization_timeout=int(timeout_s),
+        jax.distributed.initialize(**arguments, initialization_timeout=math.ceil(timeout_s),
                                    heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     except (RuntimeError, ValueError) as error:
         where = (f"--coordinator_address={coordinator_address} as process {process_id} of "

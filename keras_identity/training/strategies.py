@@ -282,7 +282,7 @@ def check_same_in_processes(strategy, value, what):
     """Raises ``ValueError`` (one line naming ``what``) unless every process of
     a multi-process JAX run holds the same integer ``value`` (e.g. the step
     of the checkpoint each one would restore)."""
-    if not _several_processes(strategy):
+    if not _several_jax_processes(strategy):
         return
     import numpy as np
     from jax.experimental import multihost_utils
@@ -296,7 +296,7 @@ def check_same_in_processes(strategy, value, what):
 
 def barrier(strategy, name):
     """Waits until every process of a multi-process JAX run reaches ``name``."""
-    if _several_processes(strategy):
+    if _several_jax_processes(strategy):
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
@@ -336,5 +336,5 @@ def any_over_processes(strategy, flags):
     return [bool(v) for v in np.asarray(total) > 0]
 
 
-def _several_processes(strategy):
+def _several_jax_processes(strategy):
     return isinstance(strategy, KerasDistribution) and strategy.process_count > 1

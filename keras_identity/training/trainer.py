@@ -741,11 +741,6 @@ def train(config, print_fn=print, strategy=None):
             shutil.rmtree(run.work_dir, ignore_errors=True)
 
 
-def _close(stream):
-    if hasattr(stream, "close"):  # the JAX route's threads
-        stream.close()
-
-
 def _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_step, print_fn,
                   metrics=None):
     """Trains from ``start_step`` to ``end_step`` (:func:`preemption.fit_resumable`:
@@ -758,8 +753,9 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_st
             model, make_train=make_train, validation_data=eval_ds, callbacks=callbacks,
             strategy=run.strategy, steps_per_epoch=schedule.steps_per_epoch,
             start_step=start_step, end_step=end_step, checkpointer=recorder.checkpointer,
-            history=lambda: recorder.history, verbose=run.config.verbose if run.chief else 0,
-            metrics=metrics, print_fn=print_fn, stop_directory=run.checkpointer.directory)
+            history=lambda: recorder.history, state=recorder.epoch_progress,
+            verbose=run.config.verbose if run.chief else 0, metrics=metrics,
+            print_fn=print_fn, stop_directory=run.checkpointer.directory)
         if start_step >= end_step and end_step < schedule.total_steps:
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         elif start_step >= end_step:
@@ -884,13 +880,13 @@ def _train(run, print_fn, started):
             os.path.join(work_dir, "checkpoints"), keep=1, owns_directory=True),
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
-        title=title, print_fn=print_fn if chief else (lambda *_: None))
+        title=title, print_fn=print_fn if chief else (lambda *_: None),
+        epoch_progress={k: state[k] for k in ("epoch_seconds", "epoch_first_step")
+                        if k in state} if state and start_step % schedule.steps_per_epoch
+        else None)
     every_steps, every_seconds = preemption.parse_checkpoint_every(config.checkpoint_every)
     signals = preemption.StopSignals(config.stop_signal)
-    # After the recorder: a signal during an epoch's last call or its
-    # evaluation stops the run once the epoch's checkpoint is written.
-    callbacks = [callbacks_lib.StopOnNaN(), recorder, preemption.InEpochCheckpoints(
-        strategy, signals, schedule.steps_per_epoch, every_steps, every_seconds)]
+    callbacks = [callbacks_lib.StopOnNaN(), recorder]
     if end_step % schedule.steps_per_epoch:
         # The run ends inside an epoch (fit's epochs end the others): a batch
         # hook, which keeps Keras on JAX from running the batch callbacks
@@ -898,6 +894,10 @@ def _train(run, print_fn, started):
         callbacks.insert(1, callbacks_lib.StopAtStep(end_step))
     if not run.scratch:
         callbacks.append(callbacks_lib.tensorboard(os.path.join(work_dir, "tensorboard")))
+    # Last: a signal during an epoch's last call or its evaluation stops the
+    # run once the epoch's checkpoint and logs are written.
+    callbacks.append(preemption.InEpochCheckpoints(
+        strategy, signals, schedule.steps_per_epoch, every_steps, every_seconds))
     model_path = os.path.join(model_dir, "model.keras")
     try:
         with signals:
@@ -907,7 +907,7 @@ def _train(run, print_fn, started):
         # that left early would look dead to the coordination service).
         strategies.barrier(strategy, "keras_identity_training_done")
     finally:
-        _close(eval_ds)
+        preemption.close_stream(eval_ds)
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,
               "steps": int(model.optimizer.iterations.numpy()),

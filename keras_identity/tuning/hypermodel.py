@@ -237,8 +237,12 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         end of every epoch, stopped by the stop signals, and resumed from its
         checkpoint when the search retries the trial (a search that was
         stopped); else Keras's own."""
-        if self.progress is None or kwargs.get("initial_epoch"):  # Hyperband's rounds
+        if self.progress is None:
             return super().fit(hp, model, *args, **kwargs)
+        if kwargs.get("initial_epoch"):
+            # Hyperband's later rounds start from an earlier round's weights:
+            # stopped by a signal, they restart from their start.
+            return self.progress.fit_unsaved(super().fit, hp, model, *args, **kwargs)
         return self.progress.fit(model, epochs=kwargs["epochs"],
                                  validation_data=kwargs.get("validation_data"),
                                  callbacks=kwargs.get("callbacks", []),

@@ -68,6 +68,10 @@ class TrialProgress:
         self.directory = None   # the trial's folder, set before each trial
 
     def fit(self, model, *, epochs, validation_data, callbacks, verbose):
+        """Trains a trial's ``model`` for ``epochs`` epochs from its own
+        streams (:attr:`make_train`, from the step it resumes at; the stream
+        Keras Tuner passes starts at 0), with ``callbacks`` (the tuner's);
+        returns a ``History`` of all its epochs, before a resume too."""
         progress = os.path.join(self.directory, "progress")
         checkpointer = checkpoints.Checkpointer(progress, keep=1, owns_directory=True)
         state = checkpointer.restore(model) if os.path.isdir(progress) else None
@@ -88,6 +92,32 @@ class TrialProgress:
             metrics=state.get("metrics") if state else None, print_fn=self.print_fn)
         shutil.rmtree(progress, ignore_errors=True)
         return log.history()
+
+    def fit_unsaved(self, fit, *args, **kwargs):
+        """``fit(*args, **kwargs)`` (a Hyperband round that starts from an
+        earlier round's weights) that a stop signal ends with
+        :class:`preemption.Stopped` and no checkpoint."""
+        stop = _StopUnsaved(self.signals)
+        kwargs["callbacks"] = [*kwargs.get("callbacks", []), stop]
+        history = fit(*args, **kwargs)
+        if stop.stopped is not None:
+            raise preemption.Stopped(self.signals.received, stop.stopped,
+                                     -(-stop.stopped // self.steps_per_epoch), None,
+                                     saved=False)
+        return history
+
+
+class _StopUnsaved(keras.callbacks.Callback):
+    """Stops a fit at the next step once a stop signal has arrived."""
+
+    def __init__(self, signals):
+        super().__init__()
+        self.signals, self.stopped = signals, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.signals.received is not None and self.stopped is None:
+            self.stopped = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            self.model.stop_training = True
 
 
 class _TimedTrials:
@@ -580,8 +610,7 @@ def run_search(search, print_fn=print):
     finally:
         hypermodel.progress = None
         for stream in (train_ds, val_ds):
-            if hasattr(stream, "close"):  # the JAX route's threads
-                stream.close()
+            preemption.close_stream(stream)
 
     rows = _trial_rows(tuner, search.objective)
     if not rows:

@@ -22,6 +22,7 @@ from keras_identity.training import checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import train
 from tests.backend import BACKEND
+from tests.backend import backend_neutral
 from tests.backend import default_route
 from tests.conftest import REPO
 
@@ -294,3 +295,55 @@ def test_a_second_signal_exits_at_once():
     assert "SIGUSR1 received: saving a checkpoint after the step in progress" in result.stderr
     assert ("a second stop signal (SIGTERM): exiting at once, without saving the step in "
             "progress") in result.stderr
+
+
+def test_a_signal_after_the_last_step_lets_the_run_end(tmp_path, monkeypatch):
+    """Training is complete: the run ends as usual (model.keras written), and
+    says nothing of a checkpoint to resume from."""
+    _signal_at_step(monkeypatch, TOTAL)
+    result = train(_config(tmp_path / "run"), quiet)
+    assert result["steps"] == TOTAL
+    assert (tmp_path / "run" / "model.keras").exists()
+
+
+@backend_neutral
+def test_the_roll_call_waits_again_for_a_process_that_connected_and_left():
+    """Process 0 of 3 meets: a probe that is not one of ours, process 1
+    connecting and leaving, then processes 1 and 2: everyone goes on."""
+    import socket
+    import threading
+
+    from keras_identity.training import processes
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address, results = f"127.0.0.1:{port}", {}
+
+    def meet(process_id):
+        try:
+            processes.roll_call(address, 3, process_id, 20)
+            results[process_id] = "ok"
+        except Exception as error:  # reported below
+            results[process_id] = repr(error)
+
+    first = threading.Thread(target=meet, args=(0,))
+    first.start()
+    for _ in range(100):
+        try:
+            junk = socket.create_connection(("127.0.0.1", port))
+            break
+        except OSError:
+            time.sleep(0.1)
+    junk.sendall(b"\xff\xfe GET / HTTP/1.1\r\n")
+    junk.close()
+    gone = socket.create_connection(("127.0.0.1", port))
+    gone.sendall(b"keras_identity roll call 1 3\n")
+    time.sleep(0.3)
+    gone.close()
+    others = [threading.Thread(target=meet, args=(i,)) for i in (1, 2)]
+    for thread in others:
+        thread.start()
+    for thread in [first, *others]:
+        thread.join(60)
+    assert results == {0: "ok", 1: "ok", 2: "ok"}
