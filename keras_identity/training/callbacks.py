@@ -103,10 +103,14 @@ class RunRecorder(keras.callbacks.Callback):
     """
 
     def __init__(self, *, checkpointer, history, global_batch, total_steps, writer=None,
-                 title="", print_fn=print, epoch_progress=None):
+                 title="", print_fn=print, epoch_progress=None, steps_per_epoch=None):
         """``epoch_progress``: what :meth:`epoch_progress` returned when the
-        checkpoint this run resumes inside an epoch was written."""
+        checkpoint this run resumes inside an epoch was written.
+        ``steps_per_epoch``: an epoch's end is that position in the data
+        stream (a float16 step that the loss scaling skips does not advance
+        the optimizer's count); None: the optimizer's count."""
         super().__init__()
+        self.steps_per_epoch = steps_per_epoch
         self.checkpointer = checkpointer
         self.history = list(history)
         self.global_batch = int(global_batch)
@@ -143,7 +147,8 @@ class RunRecorder(keras.callbacks.Callback):
         logs = logs or {}
         now = time.time()
         train_time = (self._train_end or now) - self._epoch_start
-        step = int(self.model.optimizer.iterations.numpy())
+        step = int(self.model.optimizer.iterations.numpy()) if not self.steps_per_epoch else (
+            min((epoch + 1) * self.steps_per_epoch, self.total_steps))
         images = (step - self._first_step) * self.global_batch
         wall = self.history[-1]["wall_time"] if self.history else 0.0
         row = {

@@ -879,6 +879,7 @@ def _train(run, print_fn, started):
         checkpointer=checkpointer if chief else checkpoints.Checkpointer(
             os.path.join(work_dir, "checkpoints"), keep=1, owns_directory=True),
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
+        steps_per_epoch=schedule.steps_per_epoch,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
         epoch_progress={k: state[k] for k in ("epoch_seconds", "epoch_first_step")
