@@ -184,7 +184,9 @@ def define_config_flags(names=None, defaults=None):
 
 def config_from_flags(**values):
     """``TrainConfig`` from the flags :func:`define_config_flags` defined, the
-    model flags and ``values`` (set by the program itself)."""
+    model flags and ``values`` (set by the program itself).  Without
+    ``--verbose``, standard output that is not a terminal gets no progress
+    bars."""
     import dataclasses
 
     from keras_identity.training import TrainConfig
@@ -197,6 +199,10 @@ def config_from_flags(**values):
         # An enum flag holds a string; the field holds the choice's own type.
         kwargs[field.name] = value if value is None or not choices else next(
             c for c in choices if str(c) == value)
+    if "verbose" in kwargs and not flags.FLAGS["verbose"].present and not sys.stdout.isatty():
+        # A log file: the program's own line per epoch and per checkpoint, no
+        # progress bar redrawn every few steps.
+        kwargs["verbose"] = 0
     kwargs.update(values)
     if "model_kwargs" not in kwargs:
         kwargs["model_kwargs"] = model_kwargs_from_flags(kwargs["model"])

@@ -34,14 +34,9 @@ def config_from_flags():
     from keras_identity.training import ConfigError
 
     try:
-        config = _cli.config_from_flags().validate()
+        return _cli.config_from_flags().validate()
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if not FLAGS["verbose"].present and not sys.stdout.isatty():
-        # A log file: the run's own line per epoch and per checkpoint, no
-        # progress bar redrawn every few steps.
-        config.verbose = 0
-    return config
 
 
 def main(argv):

@@ -106,8 +106,6 @@ def main(argv):
         train = _cli.config_from_flags()
     except ValueError as error:
         _cli.fail(error, 2)
-    if not FLAGS["verbose"].present and not sys.stdout.isatty():
-        train.verbose = 0  # a log file: the search's own lines, no progress bars
     search = SearchConfig(
         train=train, tuner=FLAGS.tuner, max_trials=FLAGS.max_trials,
         validation_split=FLAGS.validation_split,

@@ -46,3 +46,33 @@ def run_refusals(module, cases, env=None, timeout=600):
 def error_lines(stderr):
     """The ``error: ...`` lines a program printed."""
     return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+class LineWatch:
+    """Reads a running process's text output (``stream``) in a thread of its
+    own, keeping every line (``lines``); :meth:`wait` returns once a line
+    starts with ``prefix`` (False after ``timeout`` seconds)."""
+
+    def __init__(self, stream, prefix):
+        import threading
+
+        self.lines, self.prefix = [], prefix
+        self._seen = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.lines.append(line)
+            if line.startswith(self.prefix):
+                self._seen.set()
+
+    def wait(self, timeout):
+        return self._seen.wait(timeout)
+
+    def join(self, timeout=10):
+        """Waits for the output's end (the process has exited)."""
+        self._thread.join(timeout)
+
+    def text(self):
+        return "".join(self.lines)

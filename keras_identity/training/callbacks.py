@@ -102,15 +102,17 @@ class RunRecorder(keras.callbacks.Callback):
     test loss and error, and the training throughput in images/s.
     """
 
-    def __init__(self, *, checkpointer, history, global_batch, total_steps, writer=None,
-                 title="", print_fn=print, epoch_progress=None, steps_per_epoch=None):
-        """``epoch_progress``: what :meth:`epoch_progress` returned when the
-        checkpoint this run resumes inside an epoch was written.
-        ``steps_per_epoch``: an epoch's end is that position in the data
+    # What epoch_progress() keeps in a checkpoint written inside an epoch.
+    _PROGRESS = ("epoch_seconds", "epoch_first_step")
+
+    def __init__(self, *, checkpointer, history, global_batch, total_steps, steps_per_epoch,
+                 writer=None, title="", print_fn=print, resumed=None):
+        """``steps_per_epoch``: an epoch ends at that position in the data
         stream (a float16 step that the loss scaling skips does not advance
-        the optimizer's count); None: the optimizer's count."""
+        the optimizer's count).  ``resumed``: the state of the checkpoint
+        this run resumes from inside an epoch (its :meth:`epoch_progress`)."""
         super().__init__()
-        self.steps_per_epoch = steps_per_epoch
+        self.steps_per_epoch = int(steps_per_epoch)
         self.checkpointer = checkpointer
         self.history = list(history)
         self.global_batch = int(global_batch)
@@ -120,7 +122,7 @@ class RunRecorder(keras.callbacks.Callback):
         self.print_fn = print_fn
         self._train_end = None
         self._epoch = None
-        self._carried = dict(epoch_progress or {})
+        self._carried = {k: resumed[k] for k in self._PROGRESS if k in (resumed or {})}
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == self._epoch:
@@ -136,8 +138,7 @@ class RunRecorder(keras.callbacks.Callback):
         """The epoch in progress so far (its time and first step), kept in a
         checkpoint written inside it: the resumed epoch's row then counts
         its whole time and images."""
-        return {"epoch_seconds": time.time() - self._epoch_start,
-                "epoch_first_step": self._first_step}
+        return dict(zip(self._PROGRESS, (time.time() - self._epoch_start, self._first_step)))
 
     def on_test_begin(self, logs=None):
         if self._train_end is None:  # validation starts: the epoch's training ended
@@ -147,8 +148,7 @@ class RunRecorder(keras.callbacks.Callback):
         logs = logs or {}
         now = time.time()
         train_time = (self._train_end or now) - self._epoch_start
-        step = int(self.model.optimizer.iterations.numpy()) if not self.steps_per_epoch else (
-            min((epoch + 1) * self.steps_per_epoch, self.total_steps))
+        step = min((epoch + 1) * self.steps_per_epoch, self.total_steps)
         images = (step - self._first_step) * self.global_batch
         wall = self.history[-1]["wall_time"] if self.history else 0.0
         row = {

@@ -18,9 +18,10 @@ checkpoints inside an epoch.
   signal that reaches one host only stops them all.
 
 Both work the same way: the callback :class:`InEpochCheckpoints` raises
-:class:`SaveRequest` out of ``model.fit``; the trainer writes the checkpoint
-of the optimizer's step and either raises :class:`Stopped` or continues with
-a new ``fit`` from that step, as a resumed run would.
+:class:`SaveRequest` out of ``model.fit``; :func:`fit_resumable` (the loop
+the trainer and the tuner share) writes the checkpoint of the step reached,
+a position in the data stream, and either raises :class:`Stopped` or
+continues with a new ``fit`` from that step, as a resumed run would.
 """
 
 import math
@@ -81,13 +82,12 @@ def signal_number(name):
     """
     text = str(name).strip().upper()
     text = text if text.startswith("SIG") else "SIG" + text
-    allowed = OTHER_SIGNALS
     if text in DEFAULT_SIGNALS:
         raise ValueError(f"stop_signal={name!r} is not valid: {text} always stops a run; "
-                         f"expected another signal: {', '.join(allowed)}.")
-    if text not in allowed:
+                         f"expected another signal: {', '.join(OTHER_SIGNALS)}.")
+    if text not in OTHER_SIGNALS:
         raise ValueError(f"stop_signal={name!r} is not valid; expected one of "
-                         f"{', '.join(allowed)} (SIGTERM and SIGINT always stop a run).")
+                         f"{', '.join(OTHER_SIGNALS)} (SIGTERM and SIGINT always stop a run).")
     return int(getattr(signal, text))
 
 
@@ -299,18 +299,20 @@ class InEpochCheckpoints(keras.callbacks.Callback):
 
 class EpochLog(keras.callbacks.Callback):
     """Keeps each epoch's logs (``rows``) and writes a checkpoint at each
-    epoch's end with them: what a fit that is not a ``keras-identity-train``
-    run (a tuner's trial) resumes from."""
+    epoch's end with them, at its position in the data stream: what a fit
+    that is not a ``keras-identity-train`` run (a tuner's trial, whose
+    epochs are whole) resumes from."""
 
-    def __init__(self, checkpointer, rows=()):
+    def __init__(self, checkpointer, steps_per_epoch, rows=()):
         super().__init__()
         self.checkpointer = checkpointer
+        self.steps_per_epoch = int(steps_per_epoch)
         self.rows = list(rows)
 
     def on_epoch_end(self, epoch, logs=None):
         self.rows.append({"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}})
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        self.checkpointer.save(self.model, step=step, epoch=epoch + 1, history=self.rows)
+        self.checkpointer.save(self.model, step=(epoch + 1) * self.steps_per_epoch,
+                               epoch=epoch + 1, history=self.rows)
 
     def history(self):
         """A Keras ``History`` of every epoch logged, before a resume too."""
@@ -402,6 +404,7 @@ def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, st
             step = request.step
             inside = bool(step % steps_per_epoch)
             metrics = metric_state(model) if inside else None
+            # model.metrics[0] is Keras's loss tracker: its sums are the loss's.
             if inside and not _loss_state_finite(metrics[:1]):
                 raise TrainingDiverged(step, step // steps_per_epoch + 1, float("nan")) \
                     from None

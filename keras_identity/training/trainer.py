@@ -882,9 +882,7 @@ def _train(run, print_fn, started):
         steps_per_epoch=schedule.steps_per_epoch,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
-        epoch_progress={k: state[k] for k in ("epoch_seconds", "epoch_first_step")
-                        if k in state} if state and start_step % schedule.steps_per_epoch
-        else None)
+        resumed=state if start_step % schedule.steps_per_epoch else None)
     every_steps, every_seconds = preemption.parse_checkpoint_every(config.checkpoint_every)
     signals = preemption.StopSignals(config.stop_signal)
     callbacks = [callbacks_lib.StopOnNaN(), recorder]

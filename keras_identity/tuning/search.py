@@ -79,7 +79,8 @@ class TrialProgress:
         if state:
             self.print_fn(f"trial {os.path.basename(self.directory)} resumes from its "
                           f"checkpoint at step {start:,}")
-        log = preemption.EpochLog(checkpointer, state["history"] if state else ())
+        log = preemption.EpochLog(checkpointer, self.steps_per_epoch,
+                                  state["history"] if state else ())
         in_epoch = preemption.InEpochCheckpoints(
             self.strategy, self.signals, self.steps_per_epoch, self.every_steps,
             self.every_seconds)

@@ -16,6 +16,7 @@ import pytest
 
 from keras_identity.training import processes
 from tests.backend import jax_only
+from tests.programs import LineWatch
 from tests.programs import error_lines
 
 
@@ -115,8 +116,6 @@ def test_two_processes_train_as_one_process_over_two_devices(tmp_path):
 
 @jax_only
 def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
-    import threading
-
     port = _port()
     err_path = tmp_path / "process0.err"
     with open(err_path, "w") as err_file:
@@ -129,23 +128,14 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path):
     # Process 0 prints its model line once both processes are connected (the
     # run's processes start together); the kill comes while they compile or
     # train.
-    connected, lines = threading.Event(), []
-
-    def read():
-        for line in procs[0].stdout:
-            lines.append(line)
-            if line.startswith("model "):
-                connected.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    assert connected.wait(180), "".join(lines)[-2000:] + err_path.read_text()[-2000:]
+    output = LineWatch(procs[0].stdout, "model ")
+    assert output.wait(180), output.text()[-2000:] + err_path.read_text()[-2000:]
     time.sleep(2)
     procs[1].send_signal(signal.SIGKILL)
     procs[1].wait()
     started = time.time()
     rc0 = procs[0].wait(timeout=150)
-    reader.join(10)
+    output.join()
     err0 = err_path.read_text()
     assert rc0 != 0
     assert time.time() - started < processes.HEARTBEAT_TIMEOUT_S + 30
@@ -242,8 +232,6 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path,
     """A preemption notice that reaches one host only: both processes save
     the same step and exit 75; the same commands resume, and the run ends as
     an uninterrupted two-process run does."""
-    import threading
-
     extra = ["--train_steps=24", "--steps_per_execution=1", "--checkpoint_every=epoch"]
     straight = tmp_path / "straight"
     (rc0, _, err0), (rc1, _, err1) = _finish(_start_pair(straight, extra))
@@ -251,16 +239,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path,
 
     run = tmp_path / "run"
     procs = _start_pair(run, extra)
-    seen = threading.Event()
-
-    def read():
-        for line in procs[0].stdout:
-            if line.startswith("epoch 1 "):
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    assert seen.wait(300)
+    assert LineWatch(procs[0].stdout, "epoch 1 ").wait(300)
     time.sleep(delay)
     procs[1].send_signal(signal.SIGTERM)
     codes = [proc.wait(timeout=120) for proc in procs]

@@ -10,6 +10,7 @@ import numpy as np
 
 from tests.conftest import REPO
 from tests.backend import tensorflow_only
+from tests.programs import LineWatch
 
 pytestmark = tensorflow_only  # tf.distribute strategies (JAX: tests/training/test_jax_distribution.py)
 
@@ -65,7 +66,6 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_they_resume(tmp_path):
     step (agreed through the strategy's all-reduce) and exit 75; the same
     commands resume and end as two workers never stopped do."""
     import signal
-    import threading
 
     def start(model_dir, extra):
         ports = _free_ports(2)
@@ -80,25 +80,18 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_they_resume(tmp_path):
     outputs = [p.communicate(timeout=300)[0] for p in straight]
     assert [p.returncode for p in straight] == [0, 0], outputs[0][-2000:]
 
-    workers, seen, lines = start(tmp_path / "run", extra), threading.Event(), []
-
-    def read():
-        for line in workers[0].stdout:
-            lines.append(line)
-            if line.startswith("epoch 1 "):
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    assert seen.wait(300), "".join(lines)[-2000:]
+    workers = start(tmp_path / "run", extra)
+    output = LineWatch(workers[0].stdout, "epoch 1 ")
+    assert output.wait(300), output.text()[-2000:]
     workers[1].send_signal(signal.SIGTERM)
     other = workers[1].communicate(timeout=120)[0]
     assert workers[0].wait(timeout=120) == 75 and workers[1].returncode == 75, (
-        "".join(lines)[-2000:] + other[-2000:])
-    reader.join(10)
-    steps = {line.split(" at step ")[1].split()[0] for line in lines + other.splitlines()
+        output.text()[-2000:] + other[-2000:])
+    output.join()
+    steps = {line.split(" at step ")[1].split()[0]
+             for line in output.lines + other.splitlines()
              if line.startswith("stopped by SIGTERM")}
-    assert len(steps) == 1 and 8 <= int(steps.pop()) < 24, "".join(lines) + other
+    assert len(steps) == 1 and 8 <= int(steps.pop()) < 24, output.text() + other
 
     resumed = start(tmp_path / "run", extra)
     outputs = [p.communicate(timeout=300)[0] for p in resumed]
