@@ -10,11 +10,11 @@ running the SavedModel as TF Serving does (keras_identity.serving.emulator).
 It is a test double for clients, not a production server, but it holds
 load as one: a listen backlog of --backlog connections, --workers threads
 answering, at most --max_queued requests waiting (503 beyond), a read
-timeout, and 400 for malformed requests (a bad or lying Content-Length,
-values a signature's dtype cannot hold).  Bodies are framed as a careful
-HTTP/1.1 server frames them (see body_framing): one Content-Length or
-Transfer-Encoding: chunked; anything ambiguous is refused and the connection
-closed.
+timeout, and 400 for malformed requests (a bad or lying Content-Length, a
+header line that is not "name: value", values a signature's dtype cannot
+hold).  Bodies are framed as a careful HTTP/1.1 server frames them (see
+body_framing): one Content-Length or Transfer-Encoding: chunked; anything
+ambiguous is refused and the connection closed.
 """
 
 import io
@@ -126,6 +126,18 @@ class _DeadlineReader(io.RawIOBase):
             raise
 
 
+class _LineRecorder:
+    """A reader's readline that keeps each line it returns in ``lines``."""
+
+    def __init__(self, reader):
+        self._reader, self.lines = reader, []
+
+    def readline(self, limit=-1):
+        line = self._reader.readline(limit)
+        self.lines.append(line)
+        return line
+
+
 flags.mark_flag_as_required("model_base_path")
 
 
@@ -139,6 +151,47 @@ class FramingError(Exception):
         self.code, self.message = code, message
 
 
+# A header line as RFC 9112 has it: field-name ":" OWS field-value OWS, the name
+# an RFC 9110 token and the value visible characters (obs-text included),
+# spaces and tabs.  Anything else is refused, not left to the email parser
+# under http.client.parse_headers: it drops a line it cannot parse (a space
+# before the colon, no colon) and every header after it, joins obs-fold lines,
+# and str.strip() takes VT and FF for whitespace.
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
+_OWS = " \t"
+
+
+def check_header_lines(lines):
+    """Raises FramingError (400) for the first of the request's raw header
+    ``lines`` (bytes, each with its line ending; the blank line that ends them
+    may be included) that is not ``name: value``: a line that starts with a
+    space or tab (obs-fold, which RFC 9112 lets a server refuse), a line with
+    no colon, a name that is not a token (a space before the colon), or a
+    value with a control character other than HTAB."""
+    for line in lines:
+        field = line.removesuffix(b"\n").removesuffix(b"\r")
+        if not field:
+            continue  # the blank line after the headers
+        if field[:1] in (b" ", b"\t"):
+            raise FramingError(400, f"the header line {line[:40]!r} starts with a space or "
+                                    f"tab (an obs-fold continuation line), which is refused; "
+                                    f"send each header on one line as 'name: value'")
+        name, colon, value = field.partition(b":")
+        if not colon:
+            raise FramingError(400, f"the header line {line[:40]!r} has no colon; expected "
+                                    f"'name: value'")
+        if not _FIELD_NAME.fullmatch(name):
+            raise FramingError(400, f"the header name {name[:40]!r} is not valid; expected a "
+                                    f"token (letters, digits, !#$%&'*+-.^_`|~) right before "
+                                    f"the colon, no spaces")
+        if not _FIELD_VALUE.fullmatch(value):
+            value = value.strip(_OWS.encode())
+            raise FramingError(400, f"the {name.decode()} header's value {value[:40]!r} has a "
+                                    f"control character; only visible characters, spaces "
+                                    f"and tabs are allowed")
+
+
 def body_framing(headers, max_body_bytes, http10=False):
     """How a POST's body is delimited: its size in bytes (one Content-Length)
     or ``"chunked"`` (Transfer-Encoding: chunked alone).  Anything else raises
@@ -147,7 +200,8 @@ def body_framing(headers, max_body_bytes, http10=False):
     Transfer-Encoding (400); a coding other than chunked (501); neither header
     (411); a Content-Length that is not a size (400) or is over
     ``max_body_bytes`` (413); Transfer-Encoding in an HTTP/1.0 request (400,
-    as RFC 9112 asks)."""
+    as RFC 9112 asks).  Values are read with only spaces and tabs (OWS)
+    around them dropped: ``"\x0bchunked"`` is not chunked."""
     lengths = headers.get_all("Content-Length") or []
     codings = headers.get_all("Transfer-Encoding") or []
     if lengths and codings:
@@ -158,8 +212,8 @@ def body_framing(headers, max_body_bytes, http10=False):
         raise FramingError(400, f"{len(lengths)} Content-Length headers ({values}) are "
                                 f"refused, equal or not; send exactly one")
     if codings:
-        value = ", ".join(coding.strip() for coding in codings)
-        if [token.strip().lower() for token in value.split(",")] != ["chunked"]:
+        value = ", ".join(coding.strip(_OWS) for coding in codings)
+        if [token.strip(_OWS).lower() for token in value.split(",")] != ["chunked"]:
             raise FramingError(501, f"Transfer-Encoding {value[:100]!r} is not implemented; "
                                     f"only 'chunked' is (or send a Content-Length)")
         if http10:
@@ -170,13 +224,14 @@ def body_framing(headers, max_body_bytes, http10=False):
         raise FramingError(411, "a POST needs a Content-Length header (the body's size in "
                                 "bytes) or Transfer-Encoding: chunked")
     declared = lengths[0]
-    if not re.fullmatch(r"[0-9]{1,12}", declared.strip()):
+    if not re.fullmatch(r"[0-9]{1,12}", declared.strip(_OWS)):
         raise FramingError(400, f"Content-Length {declared!r} is not valid; expected the "
                                 f"body's size in bytes")
-    if int(declared) > max_body_bytes:
-        raise FramingError(413, f"Content-Length {int(declared)} is over the server's limit "
+    size = int(declared.strip(_OWS))
+    if size > max_body_bytes:
+        raise FramingError(413, f"Content-Length {size} is over the server's limit "
                                 f"of {max_body_bytes} bytes")
-    return int(declared)
+    return size
 
 
 # A chunk's size line: hexadecimal digits, then optional ;extensions (ignored),
@@ -242,6 +297,23 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
                         .encode())
                 except OSError:
                     pass
+
+        def parse_request(self):
+            # The header lines as sent, for check_header_lines: the parser
+            # under parse_request drops a line it cannot read and all after it.
+            recorder, rfile = _LineRecorder(self.rfile), self.rfile
+            self.rfile = recorder
+            try:
+                if not super().parse_request():
+                    return False
+            finally:
+                self.rfile = rfile
+            try:
+                check_header_lines(recorder.lines)
+            except FramingError as error:
+                self._send(error.code, {"error": error.message}, close=True)
+                return False
+            return True
 
         def _send(self, code, body, close=False):
             self._answered = True

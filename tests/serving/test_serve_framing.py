@@ -135,3 +135,90 @@ def test_http10_requests_may_not_be_chunked(port):
     request = b"POST /v1/models/m:predict HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
     code, _, answer = exchange(port, request + chunked(BODY))
     assert code == 400 and "Transfer-Encoding in an HTTP/1.0 request" in answer["error"]
+
+
+# Header lines that are not "name: value" (RFC 9112): http.client.parse_headers
+# drops a line it cannot parse and every header after it, so each would frame
+# the body on headers the client did not send.
+TOKEN_WORDS = ["is not valid", "expected a token", "no spaces"]
+VALUE_WORDS = ["has a control character", "only visible characters, spaces and tabs"]
+
+
+@pytest.mark.parametrize("headers, body, words", [
+    # A space before the colon: with a Content-Length before it (S14b, was
+    # 200 on the Content-Length), alone (S14, was 411), before one (S14c, 411).
+    (b"Content-Length: %d\r\nTransfer-Encoding : chunked\r\n" % len(BODY), BODY,
+     ["the header name b'Transfer-Encoding '"] + TOKEN_WORDS),
+    (b"Transfer-Encoding : chunked\r\n", chunked(BODY),
+     ["the header name b'Transfer-Encoding '"] + TOKEN_WORDS),
+    (b"Transfer-Encoding : chunked\r\nContent-Length: %d\r\n" % len(BODY), BODY,
+     ["the header name b'Transfer-Encoding '"] + TOKEN_WORDS),
+    (b"Transfer-Encoding\t: chunked\r\n", chunked(BODY),
+     ["the header name b'Transfer-Encoding\\t'"] + TOKEN_WORDS),
+    # VT and FF are not OWS, and no field value may hold them (S34: was chunked).
+    (b"Transfer-Encoding: \x0bchunked\r\n", chunked(BODY),
+     ["the Transfer-Encoding header's value b'\\x0bchunked'"] + VALUE_WORDS),
+    (b"Transfer-Encoding: chunked\x0c\r\n", chunked(BODY),
+     ["the Transfer-Encoding header's value b'chunked\\x0c'"] + VALUE_WORDS),
+    # Other control characters: a bare CR (the parser splits the line there
+    # and drops the rest), NUL, DEL.
+    (b"X-Note: a\rb\r\nContent-Length: %d\r\n" % len(BODY), BODY,
+     ["the X-Note header's value b'a\\rb'"] + VALUE_WORDS),
+    (b"Content-Length: %d\r\nX-Note: a\x00b\r\n" % len(BODY), BODY,
+     ["the X-Note header's value b'a\\x00b'"] + VALUE_WORDS),
+    (b"Content-Length: %d\r\nX-Note: a\x7f\r\n" % len(BODY), BODY,
+     ["the X-Note header's value"] + VALUE_WORDS),
+    # obs-fold: a line that starts with a space or a tab continues the last one.
+    (b"X-Note: a\r\n b\r\nContent-Length: %d\r\n" % len(BODY), BODY,
+     ["the header line b' b\\r\\n' starts with a space or tab", "obs-fold",
+      "send each header on one line"]),
+    (b"Content-Length: %d\r\n\tTransfer-Encoding: chunked\r\n" % len(BODY), BODY,
+     ["the header line b'\\tTransfer-Encoding: chunked\\r\\n' starts with a space or tab"]),
+    # No colon, then names that are not tokens (the parser kept both of these).
+    (b"X-No-Colon\r\nContent-Length: %d\r\n" % len(BODY), BODY,
+     ["the header line b'X-No-Colon\\r\\n' has no colon", "expected 'name: value'"]),
+    (b"Content-Length: %d\r\nX(Note): a\r\n" % len(BODY), BODY,
+     ["the header name b'X(Note)'"] + TOKEN_WORDS),
+    (b"Content-Length: %d\r\n: a\r\n" % len(BODY), BODY, ["the header name b''"] + TOKEN_WORDS),
+])
+def test_malformed_header_lines_are_refused_in_one_line_and_the_connection_closed(
+        port, headers, body, words):
+    status, response_headers, answer = exchange(port, PREDICT + headers + b"\r\n" + body)
+    assert status == 400, answer
+    assert response_headers["connection"] == "close"
+    assert set(answer) == {"error"} and "\n" not in answer["error"]
+    for word in words:
+        assert word in answer["error"], answer["error"]
+
+
+def test_malformed_header_lines_are_refused_on_any_request_and_the_server_goes_on(port):
+    code, headers, answer = exchange(port, b"GET /v1/models/m HTTP/1.1\r\nHost : x\r\n\r\n")
+    assert code == 400 and headers["connection"] == "close"
+    assert "the header name b'Host '" in answer["error"]
+    code, _, answer = exchange(port, b"GET /v1/models/m HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert code == 200 and answer["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def test_well_formed_header_lines_still_pass(port):
+    # OWS of spaces and tabs, an empty value, obs-text, a token's punctuation,
+    # a Content-Length with OWS after it.
+    headers = (b"X-Empty:\r\nX-Tabs:\t a \t\r\nX-Latin: caf\xe9\r\n"
+               b"X-!#$%&'*+-.^_`|~: 1\r\nContent-Length: " + b"%d \t\r\n" % len(BODY))
+    code, _, answer = exchange(port, PREDICT + headers + b"\r\n" + BODY)
+    assert code == 200 and answer == {"predictions": [{"y": [2.0, 4.0]},
+                                                      {"y": [6.0, 8.0]}]}
+
+
+@pytest.mark.parametrize("value", ["\x0bchunked", "chunked\x0c", "\x0cchunked\x0b"])
+def test_body_framing_strips_only_spaces_and_tabs_from_transfer_encoding(value):
+    import http.client
+
+    from keras_identity_cli import serve
+
+    headers = http.client.HTTPMessage()
+    headers["Transfer-Encoding"] = value
+    with pytest.raises(serve.FramingError) as raised:
+        serve.body_framing(headers, LIMIT)
+    assert raised.value.code == 501 and "is not implemented" in raised.value.message
+    headers.replace_header("Transfer-Encoding", " \tchunked\t ")
+    assert serve.body_framing(headers, LIMIT) == "chunked"
