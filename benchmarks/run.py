@@ -37,7 +37,7 @@ from absl import app
 from absl import flags
 
 from benchmarks import machine
-from keras_identity_cli import cpu_kernels
+from keras_identity_cli._preload import cpu_kernels
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["preact_resnet164", "preact_resnet1001"],

@@ -55,7 +55,7 @@ from absl import flags
 
 from benchmarks import machine
 from keras_identity_cli import _common
-from keras_identity_cli import cpu_kernels
+from keras_identity_cli._preload import cpu_kernels
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("export_dir", None, "Version directory, or the base (latest version).")
@@ -426,7 +426,7 @@ def _onnx_loops(path):
 def _choose_kernels():
     """Imports TensorFlow with --onednn's kernels (``auto``: the user's
     ``TF_ENABLE_ONEDNN_OPTS``, else the serving programs' choice,
-    :func:`keras_identity_cli.cpu_kernels.choose` ``"inference"``) and sets
+    :func:`keras_identity._cpu_kernels.choose` ``"inference"``) and sets
     the variable to the state it took, so that every worker's TensorFlow
     runs the same kernels."""
     if FLAGS.onednn != "auto":

@@ -29,13 +29,17 @@ if ("keras" not in _sys.modules and not _os.environ.get("KERAS_BACKEND")
 
 # TensorFlow's CPU kernels are chosen before TensorFlow is imported (it reads
 # TF_ENABLE_ONEDNN_OPTS once): oneDNN for training, unless the user set the
-# variable or a program chose for its own path first (keras_identity_cli.cpu_kernels).
-from keras_identity_cli import cpu_kernels as _cpu_kernels  # noqa: E402
+# variable or a program chose for its own path first (keras_identity._cpu_kernels).
+from keras_identity import _cpu_kernels  # noqa: E402
 
 _cpu_kernels.choose("training")
 
 # Keras first, so that its backend (JAX, or PyTorch) loads before TensorFlow.
 import keras  # noqa: E402
+
+# TensorFlow has read the choice (on its backend): the processes this one
+# starts choose for themselves, or keep the user's setting.
+_cpu_kernels.release()
 
 # Backends on which every layer, model, looped stage and the trainer run; on
 # others (PyTorch) the unrolled layers and models work and the looped stages

@@ -8,6 +8,11 @@ from absl import flags
 
 BACKENDS = ("tensorflow", "jax")
 
+# TensorFlow's INFO lines (the CPU features it was built for, that its oneDNN
+# kernels are on) are not the programs' to show: a program's first line is its
+# own, a refused flag one line.  TF_CPP_MIN_LOG_LEVEL=0 shows them again.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 
 def _backend_from_argv(argv):
     for i, arg in enumerate(argv):
@@ -90,9 +95,10 @@ def initialize_processes():
             fail(f"--{', --'.join(given)} apply to the JAX backend (--backend=jax); "
                  f"TensorFlow's workers: --strategy=multi_worker with TF_CONFIG", 2)
         return 1
-    timeout = flags.FLAGS.initialization_timeout_s
-    if not timeout > 0:
-        fail(f"--initialization_timeout_s={timeout:g} is not valid; expected seconds > 0", 2)
+    try:
+        timeout = processes.check_timeout(flags.FLAGS.initialization_timeout_s)
+    except ValueError as error:
+        fail(error, 2)
     try:
         return processes.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                                     flags.FLAGS.process_id, timeout_s=timeout)
@@ -112,19 +118,91 @@ def require_tensorflow(what):
         fail(error)
 
 
-def run_program(main, module_name):
+def run_program(main, module_name, stop_signals=False):
     """``app.run(main)`` for the program defined in ``module_name``.
 
     absl's ``--helpshort`` lists the flags of the module that runs as the
     program (``sys.argv[0]``): the console script or a wrapper, not the
     module that defines the flags, so they are made key flags of it too.
+
+    ``stop_signals``: a program that trains (train, tune): a stop signal
+    (SIGTERM, SIGINT, ``--stop_signal``) that arrives while it starts (or
+    after its training loop ended), where the loop's own handler is not in
+    place, ends it with the documented line and status 75, as inside the
+    loop; nothing new is lost, as nothing was trained since the last
+    checkpoint.
     """
     from absl import app
 
     for module in (module_name, __name__):  # the program's flags and the shared ones
         for flag in flags.FLAGS.get_key_flags_for_module(module):
             flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main, flags_parser=one_line_flags_parser)
+    app.run(_outside_the_loop(main) if stop_signals else main,
+            flags_parser=one_line_flags_parser)
+
+
+class _StopOutsideTheLoop(BaseException):
+    """A stop signal outside the training loop (raised by its handler)."""
+
+
+_pending_stop = []  # the stop signal that arrived while the program was importing
+
+
+def _stop_signal_names(argv):
+    """SIGTERM, SIGINT and the ``--stop_signal`` on the command line (read
+    before absl parses it; an unknown name is left to the flag's check)."""
+    import signal
+
+    names = ["SIGTERM", "SIGINT"]
+    for i, arg in enumerate(argv):
+        value = (arg.split("=", 1)[1] if arg.startswith("--stop_signal=") else
+                 argv[i + 1] if arg == "--stop_signal" and i + 1 < len(argv) else None)
+        if value:
+            names.append("SIG" + value.upper().strip().removeprefix("SIG"))
+    return [getattr(signal, name) for name in names if name in signal.Signals.__members__]
+
+
+def stop_signals_while_starting():
+    """Called first by a program that trains (train, tune), before it imports
+    Keras: a stop signal that arrives while the libraries load is remembered
+    (raising then can crash TensorFlow's import) and answered as soon as the
+    program's ``main`` starts (:func:`run_program`); a second one exits at
+    once with 128 + its number, as inside the training loop."""
+    import signal
+
+    def remember(number, frame):
+        if _pending_stop:
+            os._exit(128 + number)
+        _pending_stop.append(signal.Signals(number).name)
+
+    for number in _stop_signal_names(sys.argv[1:]):
+        signal.signal(number, remember)
+
+
+def _outside_the_loop(main):
+    import signal
+
+    def raise_stop(number, frame):
+        raise _StopOutsideTheLoop(signal.Signals(number).name)
+
+    def wrapped(argv):
+        try:
+            if _pending_stop:
+                raise _StopOutsideTheLoop(_pending_stop[0])
+            for number in _stop_signal_names(sys.argv[1:]):
+                signal.signal(number, raise_stop)
+            return main(argv)
+        except _StopOutsideTheLoop as stop:
+            print(f"stopped by {stop} outside the training loop (starting or ending): nothing "
+                  f"was trained since the last checkpoint, which is intact; run the same "
+                  f"command to resume (exit status {os.EX_TEMPFAIL})", file=sys.stderr,
+                  flush=True)
+            if "jax" in sys.modules and sys.modules["jax"].process_count() > 1:
+                sys.stdout.flush()  # without JAX's shutdown barrier (see fail)
+                os._exit(os.EX_TEMPFAIL)
+            sys.exit(os.EX_TEMPFAIL)
+
+    return wrapped
 
 
 def one_line_flags_parser(argv):

@@ -3,7 +3,7 @@
 import os
 import platform
 
-from keras_identity_cli import cpu_kernels
+from keras_identity_cli._preload import cpu_kernels
 
 
 def cores():
@@ -40,7 +40,7 @@ def describe():
             details = tf.config.experimental.get_device_details(gpus[0])
             text += f", GPU {details.get('device_name', gpus[0].name)} x{len(gpus)}"
         text += f", TensorFlow {tf.__version__}"
-        # Which kernels its CPU convolutions ran (keras_identity_cli.cpu_kernels).
+        # Which kernels its CPU convolutions ran (keras_identity._cpu_kernels).
         if cpu_kernels.kernels():
             text += f" ({cpu_kernels.kernels()} CPU kernels)"
     except Exception:  # pragma: no cover - the description is informative only

@@ -29,7 +29,7 @@ from http.server import HTTPServer
 from absl import flags
 
 from keras_identity_cli import _common as _cli
-from keras_identity_cli import cpu_kernels
+from keras_identity_cli._preload import cpu_kernels
 
 # Before TensorFlow is imported: oneDNN's BN-fused convolutions are slow at
 # small batches on AVX2 CPUs, where TensorFlow's own choice is Eigen.

@@ -17,7 +17,9 @@ import sys
 from absl import flags
 
 from keras_identity_cli import _common as _cli
-from keras_identity_cli import cpu_kernels
+
+_cli.stop_signals_while_starting()  # first: a stop signal while the libraries load
+from keras_identity_cli._preload import cpu_kernels
 
 _cli.select_backend()  # before keras_identity (and Keras) is imported
 cpu_kernels.choose("training")  # before TensorFlow is imported
@@ -90,7 +92,7 @@ def main(argv):
 
 def run():
     """The console command keras-identity-train."""
-    _cli.run_program(main, __name__)
+    _cli.run_program(main, __name__, stop_signals=True)
 
 
 if __name__ == "__main__":

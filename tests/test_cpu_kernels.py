@@ -1,7 +1,8 @@
 """TensorFlow's CPU kernels, chosen per path before TensorFlow is imported
-(keras_identity_cli/cpu_kernels.py): oneDNN for training, TensorFlow's own
+(keras_identity/_cpu_kernels.py): oneDNN for training, TensorFlow's own
 choice for serving, the user's TF_ENABLE_ONEDNN_OPTS always first."""
 
+import importlib.util
 import os
 import platform
 import subprocess
@@ -9,65 +10,154 @@ import sys
 
 import pytest
 
-from keras_identity_cli import cpu_kernels
+from keras_identity import _cpu_kernels as cpu_kernels
+from tests.backend import backend_neutral
+from tests.backend import default_route
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AVX2_X86 = (platform.machine().lower() in ("x86_64", "amd64")
             and "avx2" in cpu_kernels.cpu_flags())
+VARIABLE, MARK = cpu_kernels.VARIABLE, cpu_kernels.MARK
+# A process that is neither this one nor its parent (a shell in between).
+ELSEWHERE = max(os.getpid(), os.getppid()) + 1
 
 
 @pytest.fixture
 def fresh(monkeypatch):
     """cpu_kernels as in a process where TensorFlow is not imported yet (the
     variables are restored afterwards, whether they were set or not)."""
-    for name in (cpu_kernels.VARIABLE, cpu_kernels.MARK):
+    for name in (VARIABLE, MARK):
         monkeypatch.setenv(name, "")  # recorded, so that teardown restores it
         monkeypatch.delenv(name)
-    monkeypatch.setattr(cpu_kernels, "_reason", None)
+    for name in ("_reason", "_chosen", "_path"):
+        monkeypatch.setattr(cpu_kernels, name, None)
+    monkeypatch.setattr(cpu_kernels, "_pending", False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # choose's import hook
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     monkeypatch.setattr(cpu_kernels, "_x86", lambda: True)
     return monkeypatch
 
 
+def _new_process(monkeypatch):
+    """The module's state as in a process started now (same environment)."""
+    for name in ("_reason", "_chosen", "_path"):
+        monkeypatch.setattr(cpu_kernels, name, None)
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+
+
 def test_training_turns_onednn_on_and_serving_keeps_tensorflows_choice(fresh):
     # On AVX2 without the features TensorFlow turns oneDNN on for:
     assert cpu_kernels.choose("training") == "1"
-    assert os.environ[cpu_kernels.VARIABLE] == "1"
+    assert os.environ[VARIABLE] == "1"
+    assert os.environ[MARK] == f"1:{os.getpid()}"
     assert cpu_kernels.choose("inference") == "1"  # the process's first choice stands
     fresh.setattr(cpu_kernels, "_reason", None)
-    fresh.delenv(cpu_kernels.VARIABLE)
+    fresh.delenv(VARIABLE)
     assert cpu_kernels.choose("inference") == "0"  # AVX2 only: TensorFlow's own is Eigen
     fresh.setattr(cpu_kernels, "_reason", None)
-    fresh.delenv(cpu_kernels.VARIABLE)
+    fresh.delenv(VARIABLE)
     fresh.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert cpu_kernels.choose("inference") == "1"  # where TensorFlow turns it on itself
 
 
 def test_the_users_setting_wins_and_an_inherited_choice_of_ours_does_not(fresh):
-    fresh.setenv(cpu_kernels.VARIABLE, "0")
+    fresh.setenv(VARIABLE, "0")
     assert cpu_kernels.choose("training") == "0"
     assert cpu_kernels.reason() == "set by you"
-    # A child of a training process (a server a test starts) inherits our "1"
-    # with its mark: not the user's, so serving chooses for itself.
-    fresh.setattr(cpu_kernels, "_reason", None)
-    fresh.setenv(cpu_kernels.VARIABLE, "1")
-    fresh.setenv(cpu_kernels.MARK, "1")
+    # A child of a process that holds our "1" in its environment (benchmarks.run's
+    # workers) inherits it with its mark, naming the parent: ours, so a server
+    # chooses for itself.
+    _new_process(fresh)
+    fresh.setenv(VARIABLE, "1")
+    fresh.setenv(MARK, f"1:{os.getppid()}")
+    assert not cpu_kernels.user_set()
     assert cpu_kernels.choose("inference") == "0"
     with pytest.raises(ValueError, match="path='serving' is not valid; expected one of"):
         cpu_kernels.choose("serving")
     # A program that sets the kernels itself (benchmarks.serving_latency --onednn)
     # sets them as the user would: its children keep them.
-    fresh.setattr(cpu_kernels, "_reason", None)
+    _new_process(fresh)
     cpu_kernels.set_kernels(True)
-    assert cpu_kernels.user_set() and cpu_kernels.MARK not in os.environ
+    assert cpu_kernels.user_set() and MARK not in os.environ
     assert cpu_kernels.choose("inference") == "1"
+
+
+def test_a_users_value_equal_to_our_choice_is_the_users(fresh):
+    # K08/K11/K15: a process imports keras_identity (our "1" for training) and
+    # TensorFlow reads it; then it starts a server with the user's
+    # TF_ENABLE_ONEDNN_OPTS=1.  The choice left the environment once read, so
+    # nothing of ours reaches the server: the 1 is the user's.
+    assert cpu_kernels.choose("training") == "1"
+    fresh.setitem(sys.modules, "tensorflow", object())
+    assert cpu_kernels.release()
+    assert VARIABLE not in os.environ and MARK not in os.environ
+    _new_process(fresh)
+    fresh.setenv(VARIABLE, "1")
+    assert cpu_kernels.user_set()
+    assert cpu_kernels.choose("inference") == "1"
+    assert cpu_kernels.reason() == "set by you"
+    # Where our mark still lingers, naming a process that is not this one's
+    # parent (a shell in between, where the user exported the variable), it
+    # proves nothing: the user's, and the stale mark is dropped.
+    _new_process(fresh)
+    fresh.setenv(MARK, f"1:{ELSEWHERE}")
+    assert cpu_kernels.user_set()
+    assert cpu_kernels.choose("inference") == "1"
+    assert cpu_kernels.reason() == "set by you" and MARK not in os.environ
+    # A mark that is not ours to read (another format) proves nothing either.
+    for mark in ("1", "1:", "1:x", ""):
+        fresh.setenv(MARK, mark)
+        assert cpu_kernels.user_set(), mark
+
+
+def test_a_program_passes_its_choice_on_by_choosing_again(fresh):
+    # benchmarks.run: keras_identity's import chose and released; the program
+    # chooses again for its workers, which import TensorFlow before keras_identity.
+    assert cpu_kernels.choose("training") == "1"
+    fresh.setitem(sys.modules, "tensorflow", object())
+    cpu_kernels.release()
+    assert cpu_kernels.choose("inference") == "1" and VARIABLE not in os.environ
+    assert cpu_kernels.choose("training") == "1"
+    assert os.environ[VARIABLE] == "1" and os.environ[MARK] == f"1:{os.getpid()}"
+    assert not cpu_kernels.user_set()
+    # Nothing is released that the user set.
+    cpu_kernels.set_kernels(False)
+    assert not cpu_kernels.release() and os.environ[VARIABLE] == "0"
+
+
+@pytest.mark.parametrize("value", ["junk", "", " 0", "0 ", "yes", "on", "2"])
+def test_a_value_tensorflow_would_ignore_is_refused(fresh, value):
+    # K02/K05/K06: TensorFlow reads 0, 1, false and true in any case; any other
+    # value it ignores (with a warning) and makes its own choice.
+    fresh.setenv(VARIABLE, value)
+    line = (f"{VARIABLE}={value!r} is not valid; expected 0 or false (Eigen's kernels), 1 "
+            f"or true (oneDNN's), in any case, or unset for the choice of keras_identity "
+            f"and TensorFlow")
+    assert cpu_kernels.invalid_setting() == line
+    with pytest.raises(ValueError) as raised:
+        cpu_kernels.choose("training")
+    assert str(raised.value) == line
+    # Where TensorFlow was imported first, the line says what it did.
+    _new_process(fresh)
+    fresh.setitem(sys.modules, "tensorflow", object())
+    assert cpu_kernels.choose("training") == value
+    assert cpu_kernels.reason() == (f"{VARIABLE}={value!r} is not a value TensorFlow "
+                                    f"reads, so it made its own choice for this CPU")
+
+
+@pytest.mark.parametrize("value", ["0", "1", "false", "TRUE", "False", "tRuE"])
+def test_the_values_tensorflow_reads_are_the_users(fresh, value):
+    fresh.setenv(VARIABLE, value)
+    assert cpu_kernels.invalid_setting() is None
+    assert cpu_kernels.choose("inference") == value
+    assert cpu_kernels.reason() == "set by you"
 
 
 def test_nothing_is_chosen_off_x86_or_after_tensorflow(fresh):
     fresh.setattr(cpu_kernels, "_x86", lambda: False)
     assert cpu_kernels.choose("training") is None
-    assert cpu_kernels.VARIABLE not in os.environ
+    assert VARIABLE not in os.environ
     fresh.setattr(cpu_kernels, "_reason", None)
     fresh.setattr(cpu_kernels, "_x86", lambda: True)
     fresh.setitem(sys.modules, "tensorflow", object())
@@ -75,16 +165,85 @@ def test_nothing_is_chosen_off_x86_or_after_tensorflow(fresh):
     assert "imported before" in cpu_kernels.reason()
 
 
+EARLY_LOGS = (
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to "
+    b"STDERR\n"
+    b"I0000 00:00:1795696013.770935    4412 port.cc:153] oneDNN custom operations are on. "
+    b"You may see slightly different numerical results ...\n"
+    b"W0000 00:00:1795696043.658055    4641 port.cc:148] a warning\n"
+    b"E0000 00:00:1795696043.658055    4641 port.cc:148] an error\n"
+    b"F0000 00:00:1795696043.658055    4641 port.cc:148] a fatal error\n"
+    b"/some/module.py:3: UserWarning: Python's own\n")
+
+
+@pytest.mark.parametrize("level,kept", [(0, [0, 1, 2, 3, 4, 5]), (1, [2, 3, 4, 5]),
+                                        (2, [3, 4, 5]), (3, [4, 5]), (9, [4, 5])])
+def test_early_logs_obey_tensorflows_log_level(level, kept):
+    lines = EARLY_LOGS.splitlines(keepends=True)
+    assert cpu_kernels.filter_early_logs(EARLY_LOGS, level) == b"".join(
+        lines[i] for i in kept)
+
+
+def _combined_output(args, **env):
+    environ = {k: v for k, v in os.environ.items() if k not in (VARIABLE, MARK)}
+    environ.update(env)
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env=environ,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=300)
+    return done.returncode, done.stdout.splitlines()
+
+
+@default_route
+@pytest.mark.needs_tensorflow
+def test_a_refused_flag_is_the_programs_one_line_on_every_cpu():
+    # TensorFlow writes "oneDNN custom operations are on" (and absl's line
+    # before it) twice where oneDNN is on, whatever TF_CPP_MIN_LOG_LEVEL says:
+    # on AVX-512 (TensorFlow's own choice) and under the training choice.
+    code, lines = _combined_output(["-m", "keras_identity_cli.train", "--depth=-1"],
+                                   TF_CPP_MIN_LOG_LEVEL="1")
+    assert (code, lines) == (2, ["error: depth=-1 is not valid; expected an integer >= 1."])
+    code, lines = _combined_output(["-m", "keras_identity_cli.serve",
+                                    "--model_base_path=/nonexistent/pre164"],
+                                   TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
+    assert code == 2 and lines == ["error: model_base_path='/nonexistent/pre164' does not "
+                                   "exist"], lines
+    # A value TensorFlow would ignore: one line, before anything else.
+    code, lines = _combined_output(["-m", "keras_identity_cli.train", "--depth=-1"],
+                                   TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS=" 0")
+    assert code == 2 and lines == [
+        f"error: {VARIABLE}=' 0' is not valid; expected 0 or false (Eigen's kernels), 1 "
+        f"or true (oneDNN's), in any case, or unset for the choice of keras_identity and "
+        f"TensorFlow"], lines
+
+
 def _kernels_in_a_new_process(code, **env):
-    environ = {k: v for k, v in os.environ.items()
-               if k not in (cpu_kernels.VARIABLE, cpu_kernels.MARK)}
-    environ.update(env, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    environ = {k: v for k, v in os.environ.items() if k not in (VARIABLE, MARK)}
+    environ.update(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    environ.update(env)
     done = subprocess.run(
-        [sys.executable, "-c", code + "\nfrom keras_identity_cli import cpu_kernels\n"
-         "print(cpu_kernels.describe())"], cwd=REPO, env=environ, capture_output=True,
+        [sys.executable, "-c", code + "\nfrom keras_identity import _cpu_kernels\n"
+         "print(_cpu_kernels.describe())"], cwd=REPO, env=environ, capture_output=True,
         text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
+
+
+def _servers_kernels(**env):
+    """The kernels of a server that a process which imported keras_identity
+    (on TensorFlow) starts, with ``env`` added to its environment."""
+    code = ("import os, subprocess, sys\n"
+            "import keras_identity\n"
+            "print(subprocess.run([sys.executable, '-c', 'import keras_identity_cli.serve, "
+            "keras_identity; from keras_identity import _cpu_kernels; "
+            "print(_cpu_kernels.describe())'], env={**os.environ, **%r}, "
+            "capture_output=True, text=True, check=True).stdout.strip())\n"
+            "print('the parent')" % (env,))
+    environ = {k: v for k, v in os.environ.items() if k not in (VARIABLE, MARK)}
+    environ.update(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environ,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-2]
 
 
 @pytest.mark.needs_tensorflow
@@ -97,7 +256,63 @@ def test_importing_the_library_trains_on_onednn_and_the_server_keeps_tensorflows
     line = _kernels_in_a_new_process("import keras_identity", TF_ENABLE_ONEDNN_OPTS="0")
     assert line == "TensorFlow CPU kernels: Eigen (set by you)"
     # keras-identity-serve's module chooses before keras_identity is imported.
-    line = _kernels_in_a_new_process("import keras_identity_cli.serve, keras_identity")
-    assert line.startswith("TensorFlow CPU kernels: " + (
+    serving = ("TensorFlow CPU kernels: " + (
         "oneDNN (TensorFlow's own choice" if own else
-        "Eigen (keras_identity's choice for serving")), line
+        "Eigen (keras_identity's choice for serving"))
+    line = _kernels_in_a_new_process("import keras_identity_cli.serve, keras_identity")
+    assert line.startswith(serving), line
+    # A process that imported keras_identity (its choice read, and taken out of
+    # the environment) starts a server: with the user's =1 it runs oneDNN, as
+    # the user's; without, it chooses for serving.
+    line = _servers_kernels(**{VARIABLE: "1"})
+    assert line == "TensorFlow CPU kernels: oneDNN (set by you)", line
+    line = _servers_kernels()
+    assert line.startswith(serving), line
+
+
+@backend_neutral
+@pytest.mark.needs_tensorflow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_on_jax_the_choice_waits_for_tensorflows_import():
+    # Serving on AVX2 (made so here): the choice is Eigen.  Keras on JAX does
+    # not import TensorFlow; the choice leaves the environment with
+    # keras_identity's import and is back only while TensorFlow imports.
+    code = ("import os, sys\n"
+            "from keras_identity_cli._preload import cpu_kernels\n"
+            "cpu_kernels.cpu_flags = lambda: frozenset({'avx2', 'fma'})\n"
+            "cpu_kernels.choose('inference')\n"
+            "import keras_identity\n"
+            "assert 'tensorflow' not in sys.modules\n"
+            f"print(os.environ.get({VARIABLE!r}), os.environ.get({MARK!r}))\n"
+            "import tensorflow\n"
+            f"print(os.environ.get({VARIABLE!r}), cpu_kernels.describe())\n")
+    code_, lines = _combined_output(["-c", code], KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+                                    TF_CPP_MIN_LOG_LEVEL="2")
+    assert code_ == 0 and lines == [
+        "None None",
+        "None TensorFlow CPU kernels: Eigen (keras_identity's choice for serving on AVX2, "
+        "where oneDNN's BN-fused convolutions are slow at small batches; "
+        f"{VARIABLE}=1 for oneDNN)"], lines
+
+
+@backend_neutral
+@pytest.mark.needs_tensorflow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_a_jax_run_names_no_tensorflow_kernels(tmp_path):
+    # K12: a JAX run trains on XLA; TensorFlow (imported beside it) runs none
+    # of its steps, and no line names its CPU kernels.
+    code = ("import sys\n"
+            "from keras_identity.training import TrainConfig, train\n"
+            "lines = []\n"
+            "train(TrainConfig(model='highway_net', depth=4, train_examples=100, "
+            "test_examples=50, steps_per_epoch=1, batch_size=50, epochs=1, verbose=0, "
+            f"model_dir={str(tmp_path / 'run')!r}), print_fn=lines.append)\n"
+            "print('TensorFlow imported:', 'tensorflow' in sys.modules)\n"
+            "print('\\n'.join('LINE ' + line for line in lines))\n")
+    code_, lines = _combined_output(["-c", code], KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+                                    TF_CPP_MIN_LOG_LEVEL="2")
+    assert code_ == 0, lines[-20:]
+    assert "TensorFlow imported: True" in lines
+    run = [line for line in lines if line.startswith("LINE ")]
+    assert any("Keras backend jax" in line for line in run), run
+    assert not [line for line in run if "TensorFlow CPU kernels" in line], run

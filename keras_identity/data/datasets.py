@@ -7,7 +7,10 @@ with internet or a prepared ``~/tensorflow_datasets``).  Offline,
 * a ``.npz`` file with ``x_train, y_train, x_test, y_test`` (e.g. MNIST);
 * an image-folder tree ``train/<class>/*.jpg``, ``test/<class>/*.jpg``
   (``val/`` or ``validation/`` also accepted for the test split), or a
-  ``.tar.gz`` / ``.tgz`` / ``.tar`` archive of one;
+  ``.tar.gz`` / ``.tgz`` / ``.tar`` archive of one.  A class folder may be
+  a symbolic link to a folder; an image elsewhere in a split folder
+  (directly under it, or in a subfolder of a class folder) is refused
+  naming it, as it would be left out;
 * a folder holding one of those whose name starts with the dataset's name
   (``--data_dir=../shared/data`` finds ``cifar10-jpg.tar.gz``);
 * a tensorflow_datasets data directory (ImageNet: with the manual download
@@ -16,6 +19,10 @@ with internet or a prepared ``~/tensorflow_datasets``).  Offline,
 MNIST ships with the package (``keras_identity/data/mnist.npz``), so the
 default first run needs no network.  Small datasets (MNIST, CIFAR) are held
 in memory as uint8 arrays; ImageNet image folders are read file by file.
+Image files are decoded by TensorFlow where it is installed (in-memory
+datasets, the tf.data route) and by Pillow elsewhere (and on the JAX
+route's file streams), to the same pixels for PNGs
+(:mod:`~keras_identity.data.png_pixels`: 16-bit images to their high byte).
 """
 
 import dataclasses
@@ -29,6 +36,7 @@ import zlib
 import numpy as np
 
 from keras_identity.data import image_headers
+from keras_identity.data import png_pixels
 from keras_identity.data.facts import DATASETS  # noqa: F401  (re-exported)
 from keras_identity.data.facts import IMAGE_SHAPES
 from keras_identity.data.facts import NUM_CLASSES
@@ -41,6 +49,11 @@ EXPECTED_IMAGE = "expected a complete JPEG, PNG, GIF or BMP file"
 NO_IMAGE_HEADER = f" is not a readable image (no JPEG, PNG, GIF or BMP header); {EXPECTED_IMAGE}."
 # What an image folder may hold (the end of the refusal of anything else).
 FOLDER_FILES = "an image folder holds image files, or links to existing image files."
+# Where an image-folder tree holds its images (the end of the refusal of one elsewhere).
+LAYOUT = ("an image-folder tree holds its images as <split>/<class>/<image> (train/<class>/ "
+          "and test/<class>/, val/<class>/ or validation/<class>/).")
+# What a split folder may hold (the end of the refusal of a link that leads nowhere).
+SPLIT_FOLDERS = "a split folder holds class folders, or links to existing folders."
 
 
 class DataError(ValueError):
@@ -286,37 +299,54 @@ def check_pixels(data, name, require_header=False):
         raise DataError(image_headers.describe_too_many(name, size[1], size[0]))
 
 
+def check_gray_conversion(data, name):
+    """For a 1-channel dataset: the gamma with which the image bytes ``data``
+    are converted to gray (:func:`png_pixels.gray_conversion`; ``None``: not
+    a colour PNG); raises :class:`DataError` naming ``name`` for a colour
+    PNG whose conversion Pillow's pixels do not reproduce (refused on both
+    routes, so that they read the same images)."""
+    try:
+        return png_pixels.gray_conversion(data)
+    except png_pixels.NotReproduced as error:
+        raise DataError(png_pixels.refusal(name, error)) from None
+
+
 def decode_image(data, channels, name="image"):
     """Decodes the bytes of a JPEG/PNG/BMP/GIF file into a uint8 array
     ``(height, width, channels)`` (the first frame of an animation) with
     Pillow; raises :class:`DataError` naming ``name`` if it does not decode,
     or if its header declares more than ``image_headers.MAX_IMAGE_PIXELS``
     pixels (:func:`check_pixels`; other formats Pillow reads: the size it
-    reads from their header, before decoding)."""
+    reads from their header, before decoding).  PNGs decode to TensorFlow's
+    pixels (:mod:`~keras_identity.data.png_pixels`): 16-bit samples reduced
+    to their high byte, colour converted to gray as libpng does (a colour
+    PNG whose conversion is not reproduced is refused, see
+    :func:`check_gray_conversion`)."""
     import io
 
     from PIL import Image
 
     check_pixels(data, name)
+    gamma = check_gray_conversion(data, name) if channels == 1 else None
     try:
         with Image.open(io.BytesIO(data)) as picture:
             width, height = picture.size
             if width * height > image_headers.MAX_IMAGE_PIXELS:
                 raise DataError(image_headers.describe_too_many(name, width, height))
-            picture = picture.convert("L" if channels == 1 else "RGB")
-            image = np.asarray(picture, np.uint8)
+            return png_pixels.pillow_pixels(picture, channels, gamma)
     except DataError:
         raise
     except Exception as error:  # PIL.UnidentifiedImageError, OSError, ...
         raise DataError(f"{name} is not a readable image ({type(error).__name__}: "
                         f"{_first_line(error)}); {EXPECTED_IMAGE}.") from None
-    return image[..., None] if image.ndim == 2 else image
 
 
 def _decode_all(encoded, channels, names, source):
     """Decodes JPEG/PNG byte strings into one uint8 array; a file whose header
     declares too many pixels (:func:`check_pixels`, before anything is
-    decoded), that does not decode, or whose size differs from the others, is
+    decoded), a colour PNG whose conversion to gray (``channels`` 1) Pillow
+    does not reproduce (:func:`check_gray_conversion`, on either decoder),
+    one that does not decode, or whose size differs from the others, is
     named in the error.
     TensorFlow decodes where it is installed (the tf.data route's decoder),
     Pillow elsewhere."""
@@ -324,6 +354,8 @@ def _decode_all(encoded, channels, names, source):
 
     for data, name in zip(encoded, names):
         check_pixels(data, f"{source}: {name}", require_header=True)
+        if channels == 1:
+            check_gray_conversion(data, f"{source}: {name}")
     if not _tensorflow.available():
         images, sizes = [], {}
         for data, name in zip(encoded, names):
@@ -369,16 +401,42 @@ def _raise_for_bad_image(encoded, channels, names, source):
         _note_size(sizes, image.shape, name, source)
 
 
-def _split_of(parts):
-    """('train' | 'test' | None, class) of an image path inside an image-folder tree."""
-    if len(parts) < 3:
-        return None, None
-    split, cls = parts[-3].lower(), parts[-2]
-    if split == "train":
-        return "train", cls
-    if split in _TEST_SPLIT_NAMES:
-        return "test", cls
-    return None, None
+def _split_name(name):
+    """'train' | 'test' | None: the split a folder named ``name`` holds."""
+    name = name.lower()
+    return "train" if name == "train" else "test" if name in _TEST_SPLIT_NAMES else None
+
+
+def _misplaced(source, name, parts):
+    """The :class:`DataError` for the image ``name`` of ``source`` whose path
+    in the tree, ``parts`` (``[<split>, ...]``), is not
+    ``<split>/<class>/<image>`` (it would be left out)."""
+    where = (f"directly under {parts[0]}/, outside any class folder" if len(parts) == 2
+             else f"in a subfolder of the class folder {parts[0]}/{parts[1]}/")
+    return DataError(f"{source}: {name} is {where}; {LAYOUT}")
+
+
+def _archive_images(path, names):
+    """``{"train": [(class, index), ...], "test": [...]}`` of the image
+    members ``names`` (``index``: in ``names``) of the archive ``path`` of an
+    image-folder tree, which may sit in a folder of the archive
+    (``cifar10/train/<class>/...``): a tree's root is any folder holding a
+    ``train/`` folder with images, the outermost where several are nested.
+    An image of a split folder outside ``<split>/<class>/<image>`` is
+    refused (:func:`_misplaced`)."""
+    split_names = [name.replace("\\", "/").split("/") for name in names]
+    roots = {tuple(parts[:i]) for parts in split_names
+             for i, part in enumerate(parts[:-1]) if part.lower() == "train"}
+    items = {"train": [], "test": []}
+    for index, (name, parts) in enumerate(zip(names, split_names)):
+        for i, part in enumerate(parts[:-1]):
+            split = _split_name(part)
+            if split and tuple(parts[:i]) in roots:
+                if len(parts) - i != 3:
+                    raise _misplaced(path, name, parts[i:])
+                items[split].append((parts[i + 1], index))
+                break
+    return items
 
 
 def _check_test_classes(source, train, test):
@@ -432,19 +490,18 @@ def _channels(name):
 
 
 def _from_archive(path, name):
-    items = {"train": [], "test": []}
+    images = []  # (name, bytes) of the image members, in archive order
     try:
         with tarfile.open(path, "r:*") as archive:
             for member in archive:
-                if not member.isfile() or not member.name.lower().endswith(_IMAGE_EXTENSIONS):
-                    continue
-                split, cls = _split_of(member.name.replace("\\", "/").split("/"))
-                if split:
-                    items[split].append((cls, archive.extractfile(member).read(),
-                                         member.name))
+                if member.isfile() and member.name.lower().endswith(_IMAGE_EXTENSIONS):
+                    images.append((member.name, archive.extractfile(member).read()))
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
         raise DataError(f"cannot read the archive {path} ({type(error).__name__}: "
                         f"{_first_line(error)}); is it complete?") from None
+    listed = _archive_images(path, [name for name, _ in images])
+    items = {split: [(cls, images[i][1], images[i][0]) for cls, i in entries]
+             for split, entries in listed.items()}
     for split in items:  # archive order is arbitrary; make it deterministic
         items[split].sort(key=lambda entry: entry[0])
     return _assemble(name, path, items, _channels(name))
@@ -469,17 +526,72 @@ def _check_file(root, path):
         raise DataError(f"{root}: {rel} is not a regular file; {FOLDER_FILES}")
 
 
-def _list_folder(root):
-    """``{"train": [(class, path), ...], "test": [...]}`` of an image-folder
-    tree, sorted; every image is checked to be a readable file (:func:`_check_file`)."""
-    files = {"train": [], "test": []}
-    for dirpath, _, filenames in os.walk(root):
+def _check_class_folder(root, path):
+    """Raises :class:`DataError` if ``path`` (an entry of a split folder of
+    the tree ``root`` that is no folder) is a link that loops or points
+    nowhere: a class folder would be left out."""
+    if os.path.islink(path) and not os.path.exists(path):
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        try:
+            os.stat(path)
+            problem = "cannot be read"
+        except OSError as error:
+            problem = ("is a symbolic link that loops" if error.errno == errno.ELOOP else
+                       f"is a symbolic link to {os.path.realpath(path)}, which does not exist")
+        raise DataError(f"{root}: {rel} {problem}; {SPLIT_FOLDERS}")
+
+
+def _folder_entries(root, folder):
+    """The sorted entries of the folder ``folder`` of the tree ``root``;
+    :class:`DataError` naming it if it cannot be listed."""
+    try:
+        return sorted(os.listdir(folder))
+    except OSError as error:
+        rel = os.path.relpath(folder, root).replace(os.sep, "/")
+        raise DataError(f"{root}: the folder {rel}/ cannot be listed "
+                        f"({error.strerror or error}).") from None
+
+
+def _first_image(folder):
+    """The first image file (sorted) anywhere inside ``folder``, or ``None``
+    (links to folders inside it are not followed)."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
         for filename in sorted(filenames):
             if filename.lower().endswith(_IMAGE_EXTENSIONS):
-                path = os.path.join(dirpath, filename)
-                rel = os.path.relpath(path, root).replace(os.sep, "/").split("/")
-                split, cls = _split_of(rel)
-                if split:
+                return os.path.join(dirpath, filename)
+    return None
+
+
+def _list_folder(root):
+    """``{"train": [(class, path), ...], "test": [...]}`` of the image-folder
+    tree ``root/<split>/<class>/<image>``, sorted.  A class folder may be a
+    symbolic link to a folder (followed, as Keras's
+    ``image_dataset_from_directory`` does; one that loops or points nowhere
+    is refused); an image elsewhere in a split folder (directly under it,
+    or in a subfolder of a class folder) is refused naming it
+    (:func:`_misplaced`), and every image is checked to be a readable file
+    (:func:`_check_file`).  Anything outside the split folders is not read."""
+    files = {"train": [], "test": []}
+    for split_folder in _folder_entries(root, root):
+        split, folder = _split_name(split_folder), os.path.join(root, split_folder)
+        if not split or not os.path.isdir(folder):
+            continue
+        for cls in _folder_entries(root, folder):
+            class_folder = os.path.join(folder, cls)
+            if not os.path.isdir(class_folder):
+                if cls.lower().endswith(_IMAGE_EXTENSIONS):
+                    raise _misplaced(root, f"{split_folder}/{cls}", [split_folder, cls])
+                _check_class_folder(root, class_folder)
+                continue
+            for filename in _folder_entries(root, class_folder):
+                path = os.path.join(class_folder, filename)
+                if os.path.isdir(path):
+                    image = _first_image(path)
+                    if image:
+                        rel = os.path.relpath(image, root).replace(os.sep, "/")
+                        raise _misplaced(root, rel, rel.split("/"))
+                elif filename.lower().endswith(_IMAGE_EXTENSIONS):
                     _check_file(root, path)
                     files[split].append((cls, path))
     for split in files:
@@ -618,19 +730,34 @@ def _from_tfds(name, data_dir, random_access=False):
                         source=f"tfds:{tfds_name}", **arrays)
 
 
+def _walk(top, depth=0):
+    """``os.walk(top)`` (top-down, sorted), following the links to folders
+    that the listing of an image-folder tree follows (:func:`_list_folder`:
+    split and class folders, ``depth`` 0 and 1) and no others."""
+    try:
+        entries = sorted(os.listdir(top))
+    except OSError:
+        return
+    dirnames = [e for e in entries if os.path.isdir(os.path.join(top, e))]
+    yield top, dirnames, [e for e in entries if e not in dirnames]
+    for name in dirnames:
+        folder = os.path.join(top, name)
+        if depth <= 1 or not os.path.islink(folder):
+            yield from _walk(folder, depth + 1)
+
+
 def fingerprint(path):
     """A digest of the data at ``path``: SHA-256 of a file's bytes, or of a
     folder's relative paths, sizes and modification times (a changed, added
-    or removed image changes it)."""
+    or removed image changes it; images in a linked class folder too)."""
     digest = hashlib.sha256()
     if os.path.isfile(path):
         with open(path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         return f"sha256:{digest.hexdigest()}"
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for filename in sorted(filenames):
+    for dirpath, _, filenames in _walk(path):
+        for filename in filenames:
             full = os.path.join(dirpath, filename)
             try:
                 info = os.stat(full)

@@ -5,26 +5,36 @@ A checkpoint is written at the end of every epoch (an epoch of
 signal, ``--checkpoint_every``): first the weights file (model and optimizer
 variables) under a temporary name that is atomically renamed, then its state
 (``ckpt-<step>.state.json``: step, epoch, history and, inside an epoch, the
-epoch's metric sums) and ``state.json`` naming the latest.  A run killed at
-any moment therefore finds an intact checkpoint and loses at most the
-training since it; a latest checkpoint that cannot be
-read (a damaged disk, a copy cut short) is skipped with a warning for the
-newest one that can.
+epoch's metric sums) and ``state.json`` naming the latest.  The state is
+written whole (as ``ckpt-<step>.state.json.partial``) before the weights file
+takes its name, so a weights file under its own name always has its state or
+that whole ``.partial`` beside it: a run killed at any moment therefore finds
+an intact checkpoint (completing one whose state was not yet renamed) and
+loses at most the training since it.  A latest checkpoint that cannot be read
+(a damaged disk, a copy cut short, a state whose step, epoch or weights name
+disagree, a file that is not a regular file) is skipped with a warning for
+the newest one that can.
 
 ``state.json`` is only an index: every checkpoint carries its own state
 (including the run's identity, the flags it was trained with), so a run
 whose ``state.json`` is missing or garbled still resumes from the newest
-checkpoint.  A run never deletes or overwrites a checkpoint it did not
-write, except the older checkpoints of the very run it continues.
+checkpoint.  A checkpoint trained with other flags than the run's (copied
+in from another run) is never resumed; the trainer refuses it in one line.
+A run never deletes or overwrites a checkpoint it did not write, except the
+older checkpoints of the very run it continues, and refuses a
+``checkpoints`` folder that is a symbolic link (another run's folder, whose
+checkpoints the keep policy would delete).
 """
 
 import errno
 import glob
+import io
 import json
 import math
 import os
 import re
 import shutil
+import stat
 import warnings
 
 
@@ -95,9 +105,11 @@ class Checkpointer:
     """Saves and restores the training state in ``<model_dir>/checkpoints``."""
 
     def __init__(self, directory, keep=2, identity=None, owns_directory=False):
-        """``owns_directory``: every checkpoint in ``directory`` is this run's
-        (a TensorFlow worker's or a JAX process's own folder, never resumed
-        from), so the keep policy may remove any of them."""
+        """``identity``: the run's flags (:func:`trainer.run_identity`); kept
+        in every checkpoint, and a checkpoint whose record differs is never
+        restored.  ``owns_directory``: every checkpoint in ``directory`` is
+        this run's (a TensorFlow worker's or a JAX process's own folder, never
+        resumed from), so the keep policy may remove any of them."""
         self.directory = directory
         self.keep = max(1, int(keep))
         self.identity = identity
@@ -106,18 +118,40 @@ class Checkpointer:
         self._written = set()       # checkpoints this object wrote
         self._continued_step = -1   # the step of the checkpoint restored (-1: none)
 
+    def check_directory(self):
+        """Raises :class:`CheckpointError` (one line naming the path) unless
+        the checkpoint folder is absent or a real folder of its own, and its
+        ``state.json`` absent or a regular file: found before any training,
+        not when the first checkpoint is written."""
+        directory = self.directory
+        if os.path.islink(directory):
+            raise CheckpointError(
+                f"{directory} is a symbolic link (to {os.readlink(directory)}); a run keeps its "
+                f"checkpoints in a folder of its own, whose old checkpoints it deletes: replace "
+                f"the link by a folder (copy the checkpoints in), or use a new --model_dir.")
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            raise CheckpointError(
+                f"{directory} is not a folder ({_kind(directory)}); it is where the run keeps "
+                f"its checkpoints: move it away, or use a new --model_dir.")
+        if os.path.lexists(self.state_path) and not _regular(self.state_path):
+            raise CheckpointError(
+                f"{self.state_path} is not a regular file ({_kind(self.state_path)}); it is the "
+                f"index of the run's checkpoints: remove it (each checkpoint keeps its own "
+                f"state), or use a new --model_dir.")
+
     def save(self, model, *, step, epoch, history, extra=None):
         """Writes the checkpoint of ``step``; raises :class:`WriteError` (and
         leaves no partial file, the previous checkpoint still the latest)
         when it cannot: checked against the free space before writing, as
         HDF5 copes badly with a disk that fills up under it."""
-        name = f"ckpt-{step:09d}.weights.h5"
+        name = _name(step)
         path = os.path.join(self.directory, name)
         temporary = path + ".partial.weights.h5"
         state = {"step": int(step), "epoch": int(epoch), "weights": name, "history": history,
                  **(extra or {})}
         if self.identity is not None:
             state["identity"] = self.identity
+        own_state = _state_of(path)
         written = []
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -127,33 +161,41 @@ class Checkpointer:
                 raise OSError(errno.ENOSPC, f"No space left on device: {free / 2 ** 20:.1f} MiB "
                                             f"free, about {needed / 2 ** 20:.1f} MiB needed")
             written.append(temporary)
-            model.save_weights(temporary)
-            if os.path.exists(path) and path not in self._written and not self.owns_directory:
+            _save_weights(model, temporary)
+            if os.path.lexists(path) and path not in self._written and not self.owns_directory:
                 self._set_aside(path)
+            # The state first, whole, under its temporary name: a weights file
+            # under its own name always has its state or this beside it.
+            written += [own_state + ".partial", path]
+            with open(own_state + ".partial", "w") as f:
+                json.dump(state, f)
             os.replace(temporary, path)
             self._written.add(path)
-            written.append(path)
-            for target in (_state_of(path), self.state_path):
-                written.append(target + ".partial")
-                with open(target + ".partial", "w") as f:
-                    json.dump(state, f)
-                os.replace(target + ".partial", target)
+            os.replace(own_state + ".partial", own_state)
+            written.append(self.state_path + ".partial")
+            with open(self.state_path + ".partial", "w") as f:
+                json.dump(state, f)
+            os.replace(self.state_path + ".partial", self.state_path)
         except Exception as error:  # OSError, h5py's errors
             for leftover in written:
-                if leftover != self.state_path and os.path.exists(leftover):
+                if os.path.lexists(leftover):
                     try:
                         os.remove(leftover)
                     except OSError:
                         pass
-            if os.path.exists(_state_of(path)) and not os.path.exists(path):
-                os.remove(_state_of(path))
+            self._written.discard(path)
+            if os.path.exists(own_state) and not os.path.exists(path):
+                os.remove(own_state)
             previous = self.latest_step()
+            cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:200]
+            fix = ("free space" if out_of_space(error) else
+                   f"make {self.directory} writable" if isinstance(error, PermissionError)
+                   else "fix the cause")
             raise WriteError(
-                f"cannot write the checkpoint of step {step} into {self.directory} "
-                f"({getattr(error, 'strerror', None) or ' '.join(str(error).split())[:200]}); "
-                + (f"the checkpoint of step {previous} is intact: free space and run the "
-                   f"same command to resume" if previous is not None else
-                   "no checkpoint was written")) from None
+                f"cannot write the checkpoint of step {step} into {self.directory} ({cause}); "
+                + (f"the checkpoint of step {previous} is intact: {fix} and run the same "
+                   f"command to resume" if previous is not None else
+                   f"no checkpoint was written: {fix} and run the same command")) from None
         # Only this run's own checkpoints make room: those it wrote and those
         # of the run it continues (at or before the step it restored).
         own = [f for f in self._weights_files() if self.owns_directory
@@ -161,20 +203,22 @@ class Checkpointer:
         for old in own[:-self.keep]:
             os.remove(old)
             self._written.discard(old)
-            if os.path.exists(_state_of(old)):
-                os.remove(_state_of(old))
+            for leftover in (_state_of(old), _state_of(old) + ".partial"):
+                if os.path.lexists(leftover):
+                    os.remove(leftover)
 
     def _set_aside(self, path):
         """Renames a checkpoint this run did not write (one it could not read,
         newer than the step it resumed from) out of the way, never over it."""
         aside = path + ".unread"
         number = 1
-        while os.path.exists(aside):
+        while os.path.lexists(aside):
             number += 1
             aside = f"{path}.unread{number}"
         os.replace(path, aside)
-        if os.path.exists(_state_of(path)):
-            os.replace(_state_of(path), _state_of(path) + aside[len(path):])
+        for own in (_state_of(path), _state_of(path) + ".partial"):
+            if os.path.lexists(own):
+                os.replace(own, own + aside[len(path):])
         warnings.warn(f"kept the checkpoint {os.path.basename(path)}, which this run did not "
                       f"write, as {os.path.basename(aside)}.", stacklevel=3)
 
@@ -196,14 +240,21 @@ class Checkpointer:
         when it was recorded, ``identity``) or None when there is no checkpoint.
 
         ``state.json`` names the latest checkpoint; when it is missing, cannot
-        be read or names an older one than the newest checkpoint with a
+        be read, names a checkpoint that is not there (or whose state it
+        contradicts) or an older one than the newest checkpoint with a
         readable state of its own, that checkpoint's state is used (with a
-        warning when ``state.json`` is missing or unreadable).
+        warning when ``state.json`` is missing or unusable).  A checkpoint
+        whose own state was written but not yet renamed (the process killed
+        between the two) counts with that state; one whose state write was
+        cut short before that is passed over with a warning.
 
         Raises:
-            CheckpointError: there are checkpoints, but none has a readable
-                state (neither ``state.json`` nor their own).
+            CheckpointError: the folder or ``state.json`` is not what a run
+                writes (:meth:`check_directory`), or there are checkpoints,
+                but none has a readable state (neither ``state.json`` nor
+                their own).
         """
+        self.check_directory()
         candidates = self._candidates()
         newest = candidates[0][1] if candidates else None
         problem = None
@@ -213,6 +264,10 @@ class Checkpointer:
                     state = json.load(f)
                 if not _is_state(state):
                     raise ValueError("missing or invalid step/epoch/weights")
+                weights = os.path.join(self.directory, state["weights"])
+                if not _regular(weights):
+                    raise ValueError(f"it names {state['weights']}, which is "
+                                     f"{_kind(weights) if os.path.lexists(weights) else 'missing'}")
                 if newest is None or state["step"] >= newest["step"]:
                     return state
                 return newest  # saved, but stopped before state.json was updated
@@ -223,6 +278,11 @@ class Checkpointer:
         else:
             return None
         if newest is None:
+            if self._weights_files() and all(_interrupted(f) for f in self._weights_files()):
+                warnings.warn(f"the checkpoint(s) in {self.directory} were cut short while "
+                              f"their state was written; the run starts from its beginning.",
+                              stacklevel=2)
+                return None
             raise CheckpointError(
                 f"{self.state_path} {problem} and no checkpoint in {self.directory} has a "
                 f"state of its own (ckpt-<step>.state.json); nothing was changed there: "
@@ -232,18 +292,32 @@ class Checkpointer:
         return newest
 
     def _candidates(self):
-        """``(weights path, state)`` of every checkpoint with a readable state,
-        newest first."""
+        """``(weights path, state)`` of every checkpoint with a readable state
+        (its own, or the whole ``.partial`` of a state not yet renamed) that
+        agrees with the checkpoint's name, newest first."""
         found = []
         for path in reversed(self._weights_files()):
-            try:
-                with open(_state_of(path)) as f:
-                    state = json.load(f)
-            except (OSError, ValueError):
+            if not _regular(path):
+                warnings.warn(f"passed over {path}: it is {_kind(path)}, not a checkpoint "
+                              f"this package writes.", stacklevel=3)
                 continue
-            if _is_state(state):
-                found.append((path, state))
+            for state_path in (_state_of(path), _state_of(path) + ".partial"):
+                try:
+                    with open(state_path) as f:
+                        state = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                if _is_state(state) and state["weights"] == os.path.basename(path):
+                    found.append((path, state))
+                    break
         return found
+
+    def same_identity(self, state):
+        """Whether ``state`` records the flags of this run (True when this
+        checkpointer was given no identity)."""
+        if self.identity is None:
+            return True
+        return _canonical(state.get("identity")) == _canonical(self.identity)
 
     def restore(self, model, state=None):
         """Loads the newest readable checkpoint into ``model`` (and its optimizer).
@@ -251,7 +325,9 @@ class Checkpointer:
         ``state``: what :meth:`latest` returned, when the caller has read it
         already (it is not read, nor warned about, twice).  Returns the state
         restored, or None when there is no checkpoint.  A checkpoint whose
-        weights cannot be read is skipped with a warning naming it.
+        weights cannot be read, or do not match the model and its optimizer
+        variable for variable, is skipped with a warning naming it; so is an
+        older one recorded with other flags than this run's.
 
         Raises:
             CheckpointError: there are checkpoints, but none can be read.
@@ -263,11 +339,15 @@ class Checkpointer:
             model.optimizer.build(model.trainable_variables)
         latest_path = os.path.join(self.directory, state["weights"])
         candidates = [(latest_path, state)] + [
-            (path, other) for path, other in self._candidates() if path != latest_path]
+            (path, other) for path, other in self._candidates()
+            if path != latest_path and other["step"] < state["step"]]
         skipped = []
         for path, candidate in candidates:
+            if not self.same_identity(candidate):
+                skipped.append(f"{os.path.basename(path)} (trained with other flags)")
+                continue
             try:
-                model.load_weights(path)
+                _load_weights(model, path)
             except Exception as error:  # h5py OSError, KeyError, ValueError, ...
                 skipped.append(f"{os.path.basename(path)} ({type(error).__name__})")
                 continue
@@ -281,11 +361,98 @@ class Checkpointer:
                               f"{', '.join(skipped)}; use a new --model_dir.")
 
 
+def _save_weights(model, path):
+    """``model.save_weights(path)``, the HDF5 file built in memory and then
+    written by Python: HDF5 cannot recover from a disk that fills up under it
+    (h5py's objects fail to close and the process crashes at exit), while a
+    plain write that fails leaves a clean ``OSError``.  The buffer is the
+    checkpoint's size (about 80 MB for ResNet-1001 with its momentum).
+    Keras's own store takes a buffer; where a Keras version lacks it, the
+    file is written by ``save_weights`` directly."""
+    try:
+        from keras.src.saving import saving_lib
+
+        store = saving_lib.H5IOStore(io.BytesIO(), mode="w")
+    except (ImportError, AttributeError, TypeError):
+        model.save_weights(path)
+        return
+    buffer = store.path_or_io
+    try:
+        saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+                               visited_saveables=set())
+    finally:
+        store.close()
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+
+
+def _load_weights(model, path):
+    """``model.load_weights``, refusing a file that does not hold exactly the
+    model's and its optimizer's variables (Keras only warns, loads what
+    matches and leaves the rest: another depth's checkpoint would restart the
+    schedule with half its state)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.load_weights(path)
+    for warning in caught:
+        text = str(warning.message)
+        if "Skipping variable loading" in text or "mismatch" in text.lower():
+            raise ValueError(f"{os.path.basename(path)} does not match the model: "
+                             f"{' '.join(text.split())[:200]}")
+        warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                               warning.lineno)
+
+
+def _canonical(value):
+    return json.dumps(value, sort_keys=True)
+
+
+def _name(step):
+    return f"ckpt-{step:09d}.weights.h5"
+
+
+def _regular(path):
+    """Whether ``path`` is a regular file itself (not a link, FIFO, folder)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _kind(path):
+    """What ``path`` is, in words, for a message."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        target = os.readlink(path)
+        return (f"a symbolic link to {target}" if os.path.exists(path) else
+                f"a symbolic link to {target}, which does not exist")
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                        (stat.S_ISBLK, "a device"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def _interrupted(weights_path):
+    """Whether the checkpoint ``weights_path`` was cut short while its state
+    was written: no state of its own, but the ``.partial`` of one."""
+    state = _state_of(weights_path)
+    return not os.path.lexists(state) and os.path.lexists(state + ".partial")
+
+
 def _is_state(state):
-    """Whether ``state`` (read from JSON) is a checkpoint's state."""
+    """Whether ``state`` (read from JSON) is a checkpoint's state: a step and
+    an epoch that are whole numbers, at least 0, the epoch no later than the
+    step, and the weights file named for the step (a bare name in the
+    checkpoint folder)."""
     return (isinstance(state, dict) and {"step", "epoch", "weights"} <= set(state)
             and all(isinstance(state[k], int) and not isinstance(state[k], bool)
-                    for k in ("step", "epoch")) and isinstance(state["weights"], str))
+                    and state[k] >= 0 for k in ("step", "epoch"))
+            and state["epoch"] <= state["step"] and state["weights"] == _name(state["step"]))
 
 
 def _state_of(weights_path):

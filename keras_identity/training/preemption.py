@@ -41,7 +41,7 @@ from keras_identity.training.callbacks import TrainingDiverged
 
 # sysexits.h EX_TEMPFAIL: stopped on request after saving; the same command
 # continues the run (a scheduler's requeue condition).
-STOP_STATUS = 75
+STOP_STATUS = os.EX_TEMPFAIL  # 75
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT")
 # What --stop_signal may name (those this platform has).
 OTHER_SIGNALS = tuple(s for s in ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU")
@@ -91,19 +91,28 @@ def signal_number(name):
     return int(getattr(signal, text))
 
 
+def place(step, steps_per_epoch):
+    """Where ``step`` is in the run, in words: ``"end of epoch E"`` or
+    ``"inside epoch E"`` (epochs count from 1), the same when a checkpoint is
+    written, when a signal stops the run there and when a run resumes."""
+    epoch, within = divmod(int(step), int(steps_per_epoch))
+    return f"inside epoch {epoch + 1}" if within else f"end of epoch {epoch}"
+
+
 class Stopped(BaseException):
     """The run stopped on a signal after writing the checkpoint of ``step``.
     A ``BaseException``, as ``KeyboardInterrupt`` is: it ends the program (a
     tuner's trial loop, which catches ``Exception``, lets it pass)."""
 
-    def __init__(self, signal_name, step, epoch, directory, saved=True):
-        self.signal_name, self.step, self.epoch, self.directory = (
-            signal_name, int(step), int(epoch), directory)
+    def __init__(self, signal_name, step, steps_per_epoch, directory, saved=True):
+        self.signal_name, self.step, self.directory = signal_name, int(step), directory
+        self.epoch = -(-self.step // int(steps_per_epoch))  # the epoch the step is in or ends
         self.saved = saved
         where = (f"the checkpoint of that step is in {directory}" if saved else
                  "no checkpoint of it (this trial restarts from its start)")
-        super().__init__(f"stopped by {signal_name} at step {self.step:,} (epoch "
-                         f"{self.epoch}): {where}; run the same command to resume")
+        super().__init__(f"stopped by {signal_name} at step {self.step:,} "
+                         f"({place(self.step, steps_per_epoch)}): {where}; run the same "
+                         f"command to resume")
 
 
 class SaveRequest(BaseException):
@@ -187,12 +196,20 @@ def add_metric_state(model, values):
 
 class RestoreMetrics(keras.callbacks.Callback):
     """Puts a checkpoint's metric sums back into the epoch it was written
-    in, when a ``fit`` resumes inside that epoch: added after the first call
-    (the metrics are built by then; they hold that call's sums)."""
+    in, when a ``fit`` resumes inside that epoch: at the epoch's start, once
+    ``fit`` has built and reset the metrics, before its first call, so the
+    sums grow in an uninterrupted epoch's order (added after a call of
+    several steps, the float32 loss would differ in its last digits).  Where
+    ``fit`` builds the metrics only in its first call (TensorFlow, a model
+    just restored), they are added after it."""
 
     def __init__(self, values):
         super().__init__()
         self.values = values
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.values is not None and add_metric_state(self.model, self.values):
+            self.values = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self.values is None:
@@ -415,10 +432,10 @@ def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, st
                 checkpointer.save(model, step=step, epoch=step // steps_per_epoch,
                                   history=history(), extra=extra)
                 if inside:
-                    print_fn(f"checkpoint at step {step:,} (inside epoch "
-                             f"{step // steps_per_epoch + 1})")
+                    print_fn(f"checkpoint at step {step:,} "
+                             f"({place(step, steps_per_epoch)})")
             if request.signal_name is not None:
                 strategies.barrier(strategy, "keras_identity_stopped")
-                raise Stopped(request.signal_name, step, -(-step // steps_per_epoch),
+                raise Stopped(request.signal_name, step, steps_per_epoch,
                               stop_directory or checkpointer.directory) from None
     return histories

@@ -30,7 +30,7 @@ from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import run_lock
 from keras_identity.training import strategies
 from keras_identity.training.optimizers import MomentumSGD
-from keras_identity_cli import cpu_kernels
+from keras_identity import _cpu_kernels as cpu_kernels
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -453,13 +453,16 @@ def check_identity(model_dir, identity, state):
     naming the flags); returns ``run.json``'s contents (``None`` when it is
     missing or unreadable).
 
-    The flags a run was started with are in ``run.json``; each checkpoint
-    (``state``, the latest) keeps them too, so a missing or unreadable
-    ``run.json`` is replaced by the checkpoint's record.  Checkpoints with
-    no record of their flags and no ``run.json`` are refused, never trained
-    over.
+    The flags a run was started with are in ``run.json``, and each checkpoint
+    (``state``, the latest) keeps them too: both are compared, so a
+    checkpoint copied in from a run with other flags is refused even where
+    ``run.json`` is this run's, and a missing or unreadable ``run.json`` is
+    replaced by the checkpoint's record.  Checkpoints with no record of
+    their flags are refused, never trained over.
     """
     path = os.path.join(model_dir, RUN_FILE)
+    checkpoint = None if state is None else os.path.join(model_dir, "checkpoints",
+                                                         state["weights"])
     saved, problem = _read_run_file(path)
     if saved is not None:
         before, where = saved["identity"], "flags"
@@ -483,12 +486,25 @@ def check_identity(model_dir, identity, state):
         raise ValueError(f"model_dir={model_dir!r} holds a run started with other {where} "
                          f"({'; '.join(diffs)}); resume it with its own flags (only "
                          f"--epochs/--train_steps may grow) or use a new --model_dir.")
+    if state is not None and not isinstance(state.get("identity"), dict):
+        raise ValueError(f"the checkpoint {checkpoint} keeps no record of the flags it was "
+                         f"trained with, so it cannot be told from another run's; nothing was "
+                         f"changed: move it (and checkpoints/state.json) away, or use a new "
+                         f"--model_dir.")
+    if state is not None:
+        diffs = differences(state["identity"], identity)
+        if diffs:
+            raise ValueError(f"the checkpoint {checkpoint} was trained with other flags than "
+                             f"this run's ({'; '.join(diffs)}): it is not this run's; nothing "
+                             f"was changed: move it (and checkpoints/state.json) away, or use a "
+                             f"new --model_dir.")
     return saved
 
 
-def check_writable(directory):
+def check_writable(directory, name="model_dir"):
     """Creates ``directory`` if needed and writes a file into it; raises
-    ``ValueError`` in one line when it cannot."""
+    ``ValueError`` in one line when it cannot (``name``: the flag, or the
+    folder's role, the line names)."""
     try:
         os.makedirs(directory, exist_ok=True)
         # One name per process: two runs starting together never share it.
@@ -497,8 +513,9 @@ def check_writable(directory):
             f.write("ok")
         os.remove(probe)
     except OSError as error:
-        raise ValueError(f"model_dir={directory!r} is not a writable directory "
-                         f"({error.strerror or type(error).__name__}).") from None
+        raise ValueError(f"{name}={directory!r} is not a writable directory "
+                         f"({error.strerror or type(error).__name__}); the run writes there: "
+                         f"make it writable, or use a new --model_dir.") from None
 
 
 def set_op_determinism(enabled):
@@ -682,6 +699,8 @@ def prepare(config, strategy=None):
         length = saved.get("length", {})
         if not scratch:
             check_writable(config.model_dir)
+            if os.path.isdir(checkpointer.directory):
+                check_writable(checkpointer.directory, "the checkpoint folder")
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()
         strategies.check_same_in_processes(
@@ -839,7 +858,8 @@ def _train(run, print_fn, started):
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")
-    kernels = cpu_kernels.describe()
+    # TensorFlow's CPU kernels run the steps only on its backend (a JAX run may import it).
+    kernels = cpu_kernels.describe() if keras.backend.backend() == "tensorflow" else None
     if kernels:
         print_fn(kernels)
     if end_step < schedule.total_steps:
@@ -850,7 +870,8 @@ def _train(run, print_fn, started):
     if note:
         print_fn(note)
     if state:
-        print_fn(f"resuming from the checkpoint at step {start_step} (epoch {state['epoch']}) "
+        print_fn(f"resuming from the checkpoint at step {start_step} "
+                 f"({preemption.place(start_step, schedule.steps_per_epoch)}) "
                  f"in {checkpointer.directory}")
         if run.previous_backend not in (None, keras.backend.backend()):
             print_fn(f"the run was trained on the {run.previous_backend} backend until now; it "

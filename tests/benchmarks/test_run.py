@@ -9,7 +9,7 @@ import pytest
 
 import keras_identity as ki
 from benchmarks import run as bench
-from keras_identity_cli import cpu_kernels
+from keras_identity import _cpu_kernels as cpu_kernels
 from tests.backend import default_route
 from tests.conftest import REPO
 
@@ -45,7 +45,7 @@ def test_small_run_writes_table_and_json(tmp_path):
     assert "median of 2 alternated runs" in result.stdout
     saved = json.loads(out.read_text())
     # TensorFlow's rows name their CPU kernels: oneDNN, the training choice, on
-    # x86 with AVX2 (keras_identity_cli.cpu_kernels).
+    # x86 with AVX2 (keras_identity._cpu_kernels).
     kernels = saved["rows"][0]["cpu_kernels"]
     if platform.machine() == "x86_64" and "avx2" in cpu_kernels.cpu_flags():
         assert kernels == "oneDNN"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from keras_identity_cli import cpu_kernels
+from keras_identity import _cpu_kernels as cpu_kernels
 from tests.backend import default_route
 from tests.conftest import REPO
 
@@ -60,7 +60,7 @@ def test_tensorflow_rows_table_and_machine(small_run):
     assert f"machine: {saved['machine']}" in stdout
     onednn = "(oneDNN CPU kernels)" in saved["machine"]
     if not cpu_kernels.user_set() and "avx2" in cpu_kernels.cpu_flags():
-        # The serving choice on x86 (keras_identity_cli.cpu_kernels): TensorFlow's own.
+        # The serving choice on x86 (keras_identity._cpu_kernels): TensorFlow's own.
         assert onednn is cpu_kernels.tensorflow_default()
     assert [(r["key"], r["batch"]) for r in saved["rows"]] == [
         (key, batch) for batch in (1, 2) for key in

@@ -2,7 +2,9 @@
 are refused in one line naming them: links that loop or point nowhere, test
 classes without training images, images that do not decode (in memory, in
 the tf.data file pipeline, in the JAX route's prefetch threads), headers
-that declare more pixels than are read, arrays of the wrong kind."""
+that declare more pixels than are read, arrays of the wrong kind, images
+outside ``<split>/<class>/<image>`` (class folders that are links to
+folders are read).  PNG pixels: tests/data/test_png_pixels.py."""
 
 import io
 import os
@@ -342,3 +344,100 @@ def test_a_gif_frame_larger_than_its_screen_is_bounded_by_the_frame():
     assert image_headers.declared_size(_encode(9, size=(30, 40), format="GIF")) == (30, 40)
     with pytest.raises(DataError, match="its header declares 20000x20000 pixels"):
         decode_image(crafted, 3, "bomb.gif")
+
+
+# --- 7: images outside <split>/<class>/<image>; class folders that are links -------
+
+_LAYOUT = ("an image-folder tree holds its images as <split>/<class>/<image> (train/<class>/ "
+           "and test/<class>/, val/<class>/ or validation/<class>/).")
+
+
+@pytest.mark.parametrize("archive", [False, True], ids=["folder", "archive"])
+@pytest.mark.parametrize("name", ["imagenet", "cifar10"])
+@pytest.mark.parametrize("image, where", [
+    ("train/a/sub/x.png", "is in a subfolder of the class folder train/a/"),
+    ("train/a/sub/deeper/x.png", "is in a subfolder of the class folder train/a/"),
+    ("train/a/train/b/x.png", "is in a subfolder of the class folder train/a/"),
+    ("train/x.png", "is directly under train/, outside any class folder"),
+    ("val/x.png", "is directly under val/, outside any class folder"),
+], ids=["nested", "deeper", "nested-tree", "in-train", "in-val"])
+def test_an_image_outside_a_class_folder_is_refused_naming_it(tmp_path, name, archive, image,
+                                                              where):
+    """It was left out silently (and ``train/a/train/b/x.png`` read as class b)."""
+    root = _tree(tmp_path / "tree", format="PNG")
+    os.makedirs(os.path.dirname(os.path.join(root, image)), exist_ok=True)
+    with open(os.path.join(root, image), "wb") as f:
+        f.write(_encode(3, format="PNG"))
+    source, named = root, image
+    if archive:
+        source, named = str(tmp_path / "tree.tar.gz"), f"tree/{image}"
+        with tarfile.open(source, "w:gz") as tar:
+            tar.add(root, arcname="tree")
+    with pytest.raises(DataError) as error:
+        load_dataset(name, source)
+    assert _one_line(error) == f"{source}: {named} {where}; {_LAYOUT}"
+
+
+def test_other_files_and_folders_beside_the_splits_are_not_read(tmp_path):
+    root = _tree(tmp_path / "tree", format="PNG")
+    for extra in ("preview.png", "docs/x.png", "train/README.txt", "train/a/notes/n.txt"):
+        os.makedirs(os.path.dirname(os.path.join(root, extra)), exist_ok=True)
+        with open(os.path.join(root, extra), "wb") as f:
+            f.write(_encode(3, format="PNG"))
+    data = load_dataset("cifar10", root)
+    assert data.num_train == 4 and data.num_test == 4 and data.class_names == ["a", "b"]
+
+
+def test_a_class_folder_that_links_to_a_folder_is_followed(tmp_path):
+    """As Keras's ``image_dataset_from_directory`` follows it; the listing
+    (shared by both routes) once left it out, reporting ``num_classes=1``."""
+    root = _tree(tmp_path / "tree", classes={"train": ("a",), "val": ("a", "b")},
+                 format="PNG")
+    elsewhere = _tree(tmp_path / "elsewhere", classes={"train": ("b",)}, per_class=3,
+                      format="PNG")
+    _symlink(os.path.join(elsewhere, "train", "b"), os.path.join(root, "train", "b"))
+    before = load_dataset("imagenet", root)
+    assert before.num_classes == 2 and before.class_names == ["a", "b"]
+    assert before.files_train[1].tolist() == [0, 0, 1, 1, 1]
+    assert before.files_train[0][2] == os.path.join(root, "train", "b", "0.png")
+    data = load_dataset("cifar10", root)
+    assert data.num_classes == 2 and sorted(data.y_train.tolist()) == [0, 0, 1, 1, 1]
+    # The run's identity covers the linked images: a changed one changes it.
+    os.utime(os.path.join(elsewhere, "train", "b", "2.png"), ns=(1, 1))
+    assert load_dataset("imagenet", root).fingerprint != before.fingerprint
+    # The JAX route reads the listed files (the tf.data route: the next test).
+    test = arrays.EvalBatches(before, batch_size=4, normalization=Normalization("scale"),
+                              eval_resize=8, eval_crop=8, raw_pixels=True)
+    try:
+        assert np.concatenate([test[i][1] for i in range(test.num_batches)]).tolist() \
+            == [0, 0, 1, 1]
+    finally:
+        test.close()
+
+
+@pytest.mark.needs_tensorflow
+def test_the_tf_data_route_reads_a_linked_class_folder(tmp_path):
+    from keras_identity.data import train_dataset
+
+    root = _tree(tmp_path / "tree", classes={"train": ("a",), "val": ("a", "b")},
+                 format="PNG")
+    elsewhere = _tree(tmp_path / "elsewhere", classes={"train": ("b",)}, per_class=3,
+                      format="PNG")
+    _symlink(os.path.join(elsewhere, "train", "b"), os.path.join(root, "train", "b"))
+    data = load_dataset("imagenet", root)
+    labels = [y.numpy().tolist() for _, y in train_dataset(
+        data, batch_size=5, normalization=Normalization("scale"), raw_pixels=True).take(1)]
+    assert sorted(labels[0]) == [0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("target, words", [
+    ("b", "train/b is a symbolic link that loops"),
+    ("/nonexistent/b", "train/b is a symbolic link to /nonexistent/b, which does not exist"),
+], ids=["loop", "dangling"])
+def test_a_class_link_that_loops_or_points_nowhere_is_refused(tmp_path, target, words):
+    root = _tree(tmp_path / "tree", classes={"train": ("a",), "val": ("a",)}, format="PNG")
+    _symlink(target, os.path.join(root, "train", "b"))
+    with pytest.raises(DataError) as error:
+        load_dataset("cifar10", root)
+    assert _one_line(error) == (f"{root}: {words}; a split folder holds class folders, or "
+                                f"links to existing folders.")

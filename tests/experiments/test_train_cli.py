@@ -125,3 +125,23 @@ def test_every_setting_is_one_flag_with_the_declared_default_and_type():
     changed = {k: v for k, v in given.items() if default[k] != v}
     assert changed == {"eval_crop": 320, "verbose": 2, "learning_rate": 0.05,
                        "jit_compile": True}
+
+
+def test_a_stop_signal_while_the_program_starts_exits_75_in_one_line(tmp_path):
+    """SIGINT, or the --stop_signal (SLURM's USR1), while the libraries load
+    or the run is prepared: the documented line and status 75 (a requeue),
+    not USR1's default death (138) or a traceback."""
+    for number, extra in ((signal.SIGUSR1, ["--stop_signal=USR1"]), (signal.SIGINT, [])):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keras_identity_cli.train", "--depth=3",
+             "--train_examples=640", "--train_steps=3", f"--model_dir={tmp_path / 'run'}",
+             *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)   # importing Keras and TensorFlow takes longer
+        process.send_signal(number)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 75, (process.returncode, err[-2000:])
+        assert "Traceback" not in err
+        name = signal.Signals(number).name
+        assert f"stopped by {name} outside the training loop" in err
+        assert "run the same command to resume (exit status 75)" in err
+        assert not (tmp_path / "run" / "checkpoints").exists()

@@ -347,3 +347,16 @@ def test_the_roll_call_waits_again_for_a_process_that_connected_and_left():
     for thread in [first, *others]:
         thread.join(60)
     assert results == {0: "ok", 1: "ok", 2: "ok"}
+
+
+def test_checkpoints_inside_epochs_leave_the_reported_history_bit_equal(tmp_path):
+    """With several steps per compiled call (JAX's default), a fit resumed
+    inside an epoch puts the epoch's metric sums back before its first call,
+    so the loss and error sum in an uninterrupted epoch's order."""
+    arguments = dict(train_examples=1024, epochs=2, steps_per_execution=4)
+    straight = train(_config(tmp_path / "straight", **arguments), quiet)
+    lines = []
+    result = train(_config(tmp_path / "run", checkpoint_every="3", **arguments), lines.append)
+    assert any(line.startswith("checkpoint at step") for line in lines), lines
+    for key in ("loss", "train_error", "test_loss", "test_error"):
+        assert [r[key] for r in result["history"]] == [r[key] for r in straight["history"]], key

@@ -71,7 +71,7 @@ def test_repeatable_and_resume_is_exact(tmp_path):
     train(TrainConfig(epochs=2, model_dir=str(tmp_path / "b"), **base), quiet)
     lines = []
     resumed = train(TrainConfig(epochs=4, model_dir=str(tmp_path / "b"), **base), lines.append)
-    assert any("resuming from the checkpoint at step 10 (epoch 2)" in l for l in lines)
+    assert any("resuming from the checkpoint at step 10 (end of epoch 2)" in l for l in lines)
     assert [r["loss"] for r in resumed["history"]] == [r["loss"] for r in straight["history"]]
     a = keras.models.load_model(straight["model_path"]).get_weights()
     b = keras.models.load_model(resumed["model_path"]).get_weights()
@@ -464,12 +464,13 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
     assert sorted(os.listdir(checkpoint_dir)) == before
     monkeypatch.undo()
 
-    # The disk fills up while HDF5 writes: no partial file stays behind.
-    def full(self, path, **kwargs):
+    # The disk fills up while the weights are written: no partial file stays
+    # behind (a real disk: tests/training/test_run_files.py).
+    def full(model, path):
         open(path, "wb").write(b"\0" * 100)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(keras.Model, "save_weights", full)
+    monkeypatch.setattr(checkpoints, "_save_weights", full)
     with pytest.raises(WriteError, match="step 4 is intact"):
         train(_small(tmp_path, epochs=2), quiet)
     assert sorted(os.listdir(checkpoint_dir)) == before
