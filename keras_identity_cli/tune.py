@@ -27,7 +27,9 @@ import sys
 from absl import flags
 
 from keras_identity_cli import _common as _cli
-from keras_identity_cli import cpu_kernels
+
+_cli.stop_signals_while_starting()  # first: a stop signal while the libraries load
+from keras_identity_cli._preload import cpu_kernels
 
 _cli.select_backend()  # before keras_identity (and Keras) is imported
 cpu_kernels.choose("training")  # before TensorFlow is imported
@@ -93,6 +95,7 @@ def main(argv):
     from keras_identity.training import ConfigError
     from keras_identity.training import Stopped
     from keras_identity.tuning import SearchConfig
+    from keras_identity.tuning import TrialsFailed
     from keras_identity.tuning import run_search
 
     if FLAGS.depth is not None and FLAGS.depths is not None:
@@ -124,17 +127,19 @@ def main(argv):
                 "runs", f"tune_{train.model}{train.resolved_depth or ''}_{train.dataset}")
         run_search(search)
     except Stopped as stopped:
-        # The trial in progress is saved; the same command continues the search with it.
-        print(f"{stopped}; the search continues with this trial (exit status {STOP_STATUS})",
-              file=sys.stderr, flush=True)
+        # Saved (a trial's step, the search's results or the retraining's
+        # checkpoint); the line says what the same command does next.
+        print(f"{stopped} (exit status {STOP_STATUS})", file=sys.stderr, flush=True)
         sys.exit(STOP_STATUS)
     except ConfigError as error:
         _cli.fail(error, 2)
+    except TrialsFailed as error:  # results written, the failed trials noted
+        _cli.fail(error, 1)
 
 
 def run():
     """The console command keras-identity-tune."""
-    _cli.run_program(main, __name__)
+    _cli.run_program(main, __name__, stop_signals=True)
 
 
 if __name__ == "__main__":

@@ -9,4 +9,6 @@ from keras_identity.tuning.hypermodel import parse_range
 from keras_identity.tuning.search import OBJECTIVES
 from keras_identity.tuning.search import TUNERS
 from keras_identity.tuning.search import SearchConfig
+from keras_identity.tuning.search import SearchStopped
+from keras_identity.tuning.search import TrialsFailed
 from keras_identity.tuning.search import run_search

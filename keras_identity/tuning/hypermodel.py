@@ -218,7 +218,15 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         return apply_values(self.config, self.declare(hp))
 
     def build(self, hp):
+        """The trial's model, compiled, built from the seed: the dtype
+        policy, the seeds (Python's, NumPy's, the backend's and Keras's
+        generators) and TensorFlow's op determinism are set again here, so a
+        trial's weights and data stream depend on its values and
+        ``config.seed`` only, not on the trials its process ran before
+        (Keras Tuner's ``clear_session`` before each build also clears the
+        dtype policy)."""
         config = self.trial_config(hp)
+        trainer.setup_precision_and_seed(config)
         schedule = self.schedule
         if config.learning_rate is not None:
             schedule = dataclasses.replace(schedule, learning_rate=config.learning_rate)

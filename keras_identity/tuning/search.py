@@ -16,6 +16,11 @@ import time
 import keras
 import keras_tuner
 
+try:  # Keras Tuner's switch that prints each failed trial's traceback
+    from keras_tuner.src import config as _keras_tuner_config
+except ImportError:  # pragma: no cover - another Keras Tuner layout
+    _keras_tuner_config = None
+
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import preemption
@@ -47,6 +52,40 @@ OBJECTIVES = {
 RECORDS = "records_per_trial.json"
 
 
+class SearchStopped(preemption.Stopped):
+    """A search stopped by a signal (a :class:`preemption.Stopped`, so
+    ``keras-identity-tune`` exits with ``STOP_STATUS``), in words that say
+    what running the same command does next.
+
+    ``phase``: ``"trial"`` (a trial stopped, saved in its progress folder:
+    the search continues with it), ``"between trials"`` (no trial was
+    training), ``"before the retraining"`` (the search is complete; the
+    retraining of the best values has not started) or ``"retraining"`` (the
+    retraining stopped at its checkpoint: the same command resumes it).
+    """
+
+    def __init__(self, message, phase, signal_name, step=0, epoch=0, directory=None,
+                 saved=False):
+        BaseException.__init__(self, message)   # Stopped's attributes, the search's words
+        self.signal_name, self.step, self.epoch = signal_name, int(step), int(epoch)
+        self.directory, self.saved, self.phase = directory, saved, phase
+
+
+class TrialsFailed(RuntimeError):
+    """Trials of a search failed (an error other than a diverged loss): the
+    search is incomplete.  results.csv and results.md list them (their note
+    says why); running the same search again retries them."""
+
+
+class UnreadableProgress(Exception):
+    """A trial's progress folder holds checkpoints none of which can be read
+    (``directory``; ``error``: the :class:`checkpoints.CheckpointError`)."""
+
+    def __init__(self, directory, error):
+        super().__init__(str(error))
+        self.directory, self.error = directory, error
+
+
 class TrialProgress:
     """How a search's trials keep their progress and stop: each trial writes
     checkpoints into ``<trial folder>/progress`` (at every epoch's end and as
@@ -54,6 +93,9 @@ class TrialProgress:
     and raises :class:`preemption.Stopped`, and a trial that the search
     retries (Keras Tuner retries the trial a stopped search was running)
     resumes from its checkpoint.  The folder is removed when the trial ends.
+    A folder none of whose checkpoints can be read (a kill while the first
+    one was written) raises :class:`UnreadableProgress`: the search removes
+    it and runs the trial from its start.
     """
 
     def __init__(self, strategy, make_train, steps_per_epoch, signals, checkpoint_every,
@@ -74,7 +116,10 @@ class TrialProgress:
         returns a ``History`` of all its epochs, before a resume too."""
         progress = os.path.join(self.directory, "progress")
         checkpointer = checkpoints.Checkpointer(progress, keep=1, owns_directory=True)
-        state = checkpointer.restore(model) if os.path.isdir(progress) else None
+        try:
+            state = checkpointer.restore(model) if os.path.isdir(progress) else None
+        except checkpoints.CheckpointError as error:
+            raise UnreadableProgress(progress, error) from None
         start = state["step"] if state else 0
         if state:
             self.print_fn(f"trial {os.path.basename(self.directory)} resumes from its "
@@ -94,17 +139,26 @@ class TrialProgress:
         shutil.rmtree(progress, ignore_errors=True)
         return log.history()
 
-    def fit_unsaved(self, fit, *args, **kwargs):
-        """``fit(*args, **kwargs)`` (a Hyperband round that starts from an
-        earlier round's weights) that a stop signal ends with
-        :class:`preemption.Stopped` and no checkpoint."""
+    def fit_unsaved(self, fit, hp, model, *args, **kwargs):
+        """``fit(hp, model, *args, **kwargs)`` (a Hyperband round that starts
+        from an earlier round's weights, at ``initial_epoch``) that a stop
+        signal ends with :class:`preemption.Stopped` and no checkpoint.  Its
+        training stream is :attr:`make_train`'s from the round's first step
+        (not the stream the tuner passes, which earlier trials have read)."""
         stop = _StopUnsaved(self.signals)
         kwargs["callbacks"] = [*kwargs.get("callbacks", []), stop]
-        history = fit(*args, **kwargs)
+        stream = self.make_train(kwargs["initial_epoch"] * self.steps_per_epoch)
+        try:
+            history = fit(hp, model, stream, *args[1:], **kwargs)
+        finally:
+            preemption.close_stream(stream)
         if stop.stopped is not None:
-            raise preemption.Stopped(self.signals.received, stop.stopped,
-                                     -(-stop.stopped // self.steps_per_epoch), None,
-                                     saved=False)
+            epoch = -(-stop.stopped // self.steps_per_epoch)
+            raise SearchStopped(
+                f"stopped by {self.signals.received} at step {stop.stopped:,} (epoch {epoch}): "
+                f"no checkpoint of it (this Hyperband round restarts from its start); run the "
+                f"same command to resume; the search continues with this trial", "trial",
+                self.signals.received, stop.stopped, epoch, None, saved=False)
         return history
 
 
@@ -128,13 +182,39 @@ class _TimedTrials:
     The record is written after the oracle has ended and saved the trial, so
     a trial listed in the file is also complete on disk when a search is
     killed and resumed.
+
+    With the hypermodel's ``progress`` (a :class:`TrialProgress`), a trial
+    does not start once a stop signal has arrived (:class:`SearchStopped`),
+    a trial whose progress folder cannot be read is run again from its
+    start, the folder removed (it is the trial's own scratch), and a trial
+    that fails says so in one line (Keras Tuner keeps the traceback in the
+    trial's ``trial.json``).
     """
 
     def run_trial(self, trial, *args, **kwargs):
         start = time.time()
-        if getattr(self.hypermodel, "progress", None) is not None:
-            self.hypermodel.progress.directory = self.get_trial_dir(trial.trial_id)
-        result = super().run_trial(trial, *args, **kwargs)
+        progress = getattr(self.hypermodel, "progress", None)
+        if progress is None:
+            result = super().run_trial(trial, *args, **kwargs)
+        else:
+            progress.directory = self.get_trial_dir(trial.trial_id)
+            received = progress.signals.received
+            if received is not None:
+                raise SearchStopped(
+                    f"stopped by {received} between trials (trial {trial.trial_id} has not "
+                    f"started); run the same command to continue the search",
+                    "between trials", received)
+            try:
+                result = self._run_from_progress(progress, trial, *args, **kwargs)
+            except Exception as error:
+                values = {k: v for k, v in trial.hyperparameters.values.items()
+                          if k in DIMENSIONS}
+                progress.print_fn(
+                    f"trial {trial.trial_id} ({_describe(values)}) failed: "
+                    f"{type(error).__name__}: {' '.join(str(error).split())[:300]} (its "
+                    f"traceback: {os.path.join(progress.directory, 'trial.json')}); the "
+                    f"search goes on and the next run retries it")
+                raise
         histories = result if isinstance(result, list) else [result]
         logs = getattr(histories[-1], "history", {})
         if not hasattr(self, "_pending_records"):
@@ -146,6 +226,17 @@ class _TimedTrials:
             "val_loss": float(logs["val_loss"][-1]) if logs.get("val_loss") else float("nan"),
         }
         return result
+
+    def _run_from_progress(self, trial_progress, trial, *args, **kwargs):
+        try:
+            return super().run_trial(trial, *args, **kwargs)
+        except UnreadableProgress as unreadable:
+            cause = str(unreadable.error).split("; ")[0]
+            trial_progress.print_fn(
+                f"trial {trial.trial_id}: its progress cannot be read ({cause}); removed "
+                f"{unreadable.directory}, the trial starts again from its start")
+            shutil.rmtree(unreadable.directory, ignore_errors=True)
+            return super().run_trial(trial, *args, **kwargs)
 
     def on_trial_end(self, trial):
         super().on_trial_end(trial)
@@ -320,23 +411,62 @@ def _make_tuner(search, hypermodel, strategy, directory):
     return cls(hypermodel, max_trials=max_trials, **common)
 
 
+def _failed_without_result(trial):
+    """Whether ``trial`` ended FAILED with no result: an error, not a
+    diverged loss (a NaN objective under ``train_loss`` also ends FAILED,
+    with its metrics recorded)."""
+    return trial.status == "FAILED" and not trial.metrics.exists("val_accuracy")
+
+
+def _failure(trial):
+    """The last line of a failed trial's traceback (Keras Tuner keeps it)."""
+    lines = [line.strip() for line in (trial.message or "").splitlines() if line.strip()]
+    return " ".join(lines[-1].split())[:200] if lines else "no message recorded"
+
+
+def _failed(row):
+    return row["note"].startswith("failed")
+
+
+def _retry_failed(tuner, print_fn):
+    """Sends the trials an earlier run left FAILED without a result (an
+    error, a run killed at a bad moment) back to Keras Tuner's retry queue:
+    this run tries each once more (the trial a stopped run was running is
+    retried first)."""
+    oracle = tuner.oracle
+    failed = sorted(t.trial_id for t in oracle.trials.values() if _failed_without_result(t))
+    for trial_id in failed:
+        trial = oracle.trials[trial_id]
+        values = {k: v for k, v in trial.hyperparameters.values.items() if k in DIMENSIONS}
+        print_fn(f"trial {trial_id} ({_describe(values)}) failed in an "
+                 f"earlier run ({_failure(trial)}); it runs again")
+        trial.status = "INVALID"   # waiting for its retry
+        while trial_id in oracle.end_order:
+            oracle.end_order.remove(trial_id)
+    oracle._retry_queue[:0] = [t for t in reversed(failed) if t not in oracle._retry_queue]
+    return failed
+
+
 def _trial_rows(tuner, objective="val_error"):
+    """A row per trial that ended: its values, results and note
+    ("diverged ...", or "failed (<error>)" for a trial with no result)."""
     path = os.path.join(tuner.project_dir, RECORDS)
     records = json.load(open(path)) if os.path.exists(path) else {}
     rows = []
+    nan = float("nan")
     for trial in tuner.oracle.trials.values():
+        failed = _failed_without_result(trial)
         # A trial whose objective is NaN (a diverged loss under the
         # train_loss objective) ends FAILED with its metrics recorded.
-        if trial.status not in ("COMPLETED", "FAILED") or not trial.metrics.exists(
-                "val_accuracy"):
+        if not failed and (trial.status not in ("COMPLETED", "FAILED") or
+                           not trial.metrics.exists("val_accuracy")):
             continue
         values = trial.hyperparameters.values
         record = records.get(trial.trial_id, {})
-        nan = float("nan")
         row = {"trial": trial.trial_id}
         row.update({name: values[name] for name in DIMENSIONS if name in values})
         loss = record.get("loss", nan)
-        row["val_error"] = 1.0 - trial.metrics.get_best_value("val_accuracy")
+        row["val_error"] = nan if failed else 1.0 - trial.metrics.get_best_value("val_accuracy")
         if objective != "val_error":
             row["train_error"] = (1.0 - trial.metrics.get_best_value("accuracy")
                                   if trial.metrics.exists("accuracy") else nan)
@@ -347,7 +477,7 @@ def _trial_rows(tuner, objective="val_error"):
             "train_loss": loss,
             "epochs": record.get("epochs", 0),
             "seconds": record.get("seconds", nan),
-            "note": _divergence(loss),
+            "note": f"failed ({_failure(trial)})" if failed else _divergence(loss),
         })
         rows.append(row)
     if rows and "gate_bias_init" in rows[0] and objective == "val_error":
@@ -401,6 +531,11 @@ def write_results(rows, directory, title="", objective="val_error"):
              "|" + "|".join(" --- " for _ in shown) + "|"]
     lines += ["| " + " | ".join(cell(c, r[c]) for c in shown) + " |" for r in rows]
     table = "\n".join(lines)
+    failed = [r for r in rows if _failed(r)]
+    if failed:
+        table += (f"\n\n{len(failed)} of {len(rows)} trials failed (no result; the note says "
+                  f"why): the search is incomplete; running it again retries "
+                  f"{'it' if len(failed) == 1 else 'them'}.")
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write((f"{title}\n\n" if title else "") + table + "\n")
     _plot(rows, os.path.join(directory, plot_name(rows, objective)), title, objective)
@@ -439,7 +574,7 @@ def _plot(rows, path, title, objective="val_error"):
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     trained = [r for r in rows if not r["note"]]
-    diverged = [r for r in rows if r["note"]]
+    diverged = [r for r in rows if r["note"].startswith("diverged")]   # failed: not shown
     searched = [n for n in DIMENSIONS if n in rows[0]]
     if searched == ["gate_bias_init"] and objective == "val_error":
         best = {}   # the gate bias alone: the best trial per value, joined
@@ -474,6 +609,11 @@ def _plot(rows, path, title, objective="val_error"):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _values(row):
+    """The searched values of a row."""
+    return {k: row[k] for k in DIMENSIONS if k in row}
 
 
 def _describe(values):
@@ -546,8 +686,20 @@ def _check_same_search(directory, identity):
 def run_search(search, print_fn=print):
     """Runs (or continues) ``search``; returns rows, the best values and paths.
 
+    Every trial is built from ``search.train.seed`` (its result does not
+    depend on the trials before it in the process); trials an earlier run
+    left FAILED are tried again, and a trial whose progress cannot be read
+    starts again from its start.
+
     Raises:
         ConfigError: a bad configuration or missing data (one line).
+        SearchStopped: a stop signal (its message says what the same
+            command does next): the trial in progress is saved, or the
+            search is complete and the retraining is still to do (a signal
+            the search acknowledged is not ignored by the retraining), or
+            the retraining is saved at its checkpoint.
+        TrialsFailed: trials failed (results.csv and results.md written, the
+            failed trials noted); the same command retries them.
     """
     search.validate()
     config = search.train
@@ -581,7 +733,8 @@ def run_search(search, print_fn=print):
         augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
         split="val")
     tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
-    done_before = len(_trial_rows(tuner, search.objective))
+    _retry_failed(tuner, print_fn)
+    done_before = len([r for r in _trial_rows(tuner, search.objective) if not _failed(r)])
     size = search.space_size
     print_fn(f"{search.tuner} search of {search.describe_space()} "
              f"({f'{size} configurations' if size else 'continuous'}; judged by the best "
@@ -602,25 +755,65 @@ def run_search(search, print_fn=print):
     signals = preemption.StopSignals(config.stop_signal)
     hypermodel.progress = TrialProgress(strategy, make_train, schedule.steps_per_epoch,
                                         signals, config.checkpoint_every, print_fn)
-    try:
-        with signals, strategies.fit_scope(strategy):
-            tuner.search(train_ds, epochs=schedule.epochs,
-                         steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
-                         callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
-                         verbose=config.verbose)
-    finally:
-        hypermodel.progress = None
-        for stream in (train_ds, val_ds):
-            preemption.close_stream(stream)
+    # The signals stay caught until the retraining starts (which catches
+    # its own): one that the search acknowledged, at its last trial's last
+    # evaluation say, stops the program before the retraining.
+    with signals:
+        gave_up = None
+        # A failed trial is told in one line (run_trial), its traceback kept
+        # in its trial.json, not printed.
+        debug = getattr(_keras_tuner_config, "DEBUG", None)
+        if debug is not None:
+            _keras_tuner_config.DEBUG = False
+        try:
+            with strategies.fit_scope(strategy):
+                tuner.search(train_ds, epochs=schedule.epochs,
+                             steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
+                             callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
+                             verbose=config.verbose)
+        except SearchStopped:
+            raise
+        except preemption.Stopped as stopped:
+            raise SearchStopped(f"{stopped}; the search continues with this trial", "trial",
+                                stopped.signal_name, stopped.step, stopped.epoch,
+                                stopped.directory, stopped.saved) from None
+        except RuntimeError as error:
+            # Keras Tuner's oracle ends a search after consecutive failed trials.
+            if "consecutive failures" not in str(error):
+                raise
+            gave_up = str(error).splitlines()[0].rstrip(".")
+        finally:
+            if debug is not None:
+                _keras_tuner_config.DEBUG = debug
+            hypermodel.progress = None
+            for stream in (train_ds, val_ds):
+                preemption.close_stream(stream)
 
-    rows = _trial_rows(tuner, search.objective)
-    if not rows:
-        raise RuntimeError("the search finished no trial.")
-    searched = ", ".join(search.space)
-    title = (f"{config.model} {config.resolved_depth or ''} on {data.name}: "
-             f"{search.objective.replace('_', ' ')} against {searched}")
-    table = write_results(rows, config.model_dir, title, search.objective)
-    print_fn(table)
+        rows = _trial_rows(tuner, search.objective)
+        if not rows:
+            raise RuntimeError("the search finished no trial.")
+        searched = ", ".join(search.space)
+        title = (f"{config.model} {config.resolved_depth or ''} on {data.name}: "
+                 f"{search.objective.replace('_', ' ')} against {searched}")
+        table = write_results(rows, config.model_dir, title, search.objective)
+        print_fn(table)
+        failed = [r for r in rows if _failed(r)]
+        if failed or gave_up:
+            listed = "; ".join(f"trial {r['trial']} ({_describe(_values(r))}): {r['note']}"
+                               for r in failed)
+            raise TrialsFailed(
+                f"{len(failed)} of {len(rows)} trials failed ({listed})"
+                + (f"; Keras Tuner ended the search ({gave_up})" if gave_up else "")
+                + f"; {os.path.join(config.model_dir, 'results.md')} lists them; run the "
+                  f"same command to retry them")
+        if search.retrain_best and signals.received is not None:
+            # Only an unfinished retraining is left to do.
+            raise SearchStopped(
+                f"stopped by {signals.received} after the search's last trial: the search "
+                f"is complete ({len(rows)} trials, results in "
+                f"{os.path.join(config.model_dir, 'results.md')}); run the same command to "
+                f"retrain the best values (--retrain_best) without searching again",
+                "before the retraining", signals.received)
     finite = [r for r in rows if not r["note"]] or rows
     best_row = min(finite, key=lambda r: _score(r, search.objective))
     best = {k: best_row[k] for k in DIMENSIONS if k in best_row}
@@ -645,6 +838,18 @@ def run_search(search, print_fn=print):
         print_fn(f"retraining {best} on the whole training set in {retrain.model_dir} ...")
         try:
             outcome = trainer.train(retrain, print_fn=print_fn, strategy=strategy)
+        except preemption.Stopped as stopped:
+            # The retraining is a training run of its own (its checkpoints in
+            # its model_dir): the same command skips the finished search and
+            # resumes it.
+            text = str(stopped)
+            suffix = "; run the same command to resume"
+            text = text[:-len(suffix)] if text.endswith(suffix) else text
+            raise SearchStopped(
+                f"{text}; running the same command resumes the retraining of "
+                f"{_describe(best)} (the search is complete)", "retraining",
+                stopped.signal_name, stopped.step, stopped.epoch, stopped.directory,
+                stopped.saved) from None
         except callbacks_lib.TrainingDiverged as error:
             print_fn(f"the retraining of {_describe(best)} diverged: {error}")
             result["retrain"] = {"diverged": True, "model_dir": retrain.model_dir}

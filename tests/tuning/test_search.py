@@ -255,3 +255,185 @@ def test_a_stop_signal_saves_the_trial_in_progress_and_the_search_resumes_it(tmp
         assert ours["val_error"] == pytest.approx(theirs["val_error"], abs=1e-6)
         assert ours["epochs"] == theirs["epochs"] == 2
     assert not list((tmp_path / "stopped" / "tune" / "search").glob("trial_*/progress"))
+
+
+def tiny_search(tmp_path, name, gate_biases, **kwargs):
+    """A search small enough for several runs in one test: 1,280 training
+    images (9 steps an epoch), one epoch, deterministic."""
+    search = search_config(tmp_path / name, gate_biases=gate_biases, **kwargs)
+    search.train.train_examples = 1280
+    search.train.deterministic, search.train.seed = True, 1
+    search.train.steps_per_execution = 1
+    return search
+
+
+def test_a_trials_result_does_not_depend_on_the_trials_before_it(tmp_path):
+    """A trial's result is a function of its values and the seed: the second
+    point of a grid equals a search of that point alone (as when a search
+    resumed after a stop runs it first in its process)."""
+    both = run_search(tiny_search(tmp_path, "both", (0.0, -2.0)), print_fn=quiet)["rows"]
+    alone = run_search(tiny_search(tmp_path, "alone", (-2.0,)), print_fn=quiet)["rows"]
+    [second] = [r for r in both if r["gate_bias_init"] == -2.0]
+    assert second["val_loss"] == pytest.approx(alone[0]["val_loss"], abs=1e-6)
+    assert second["train_loss"] == pytest.approx(alone[0]["train_loss"], abs=1e-6)
+    assert second["val_error"] == pytest.approx(alone[0]["val_error"], abs=1e-6)
+
+
+def stop_at(patch, method, when):
+    """Patches ``InEpochCheckpoints.<method>`` to send this process SIGTERM
+    (once) before the call where ``when(self, *args)`` is true."""
+    import signal
+
+    from keras_identity.training import preemption
+
+    original = getattr(preemption.InEpochCheckpoints, method)
+    sent = []
+
+    def hook(self, *args, **kwargs):
+        if not sent and when(self, *args):
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, *args, **kwargs)
+
+    patch.setattr(preemption.InEpochCheckpoints, method, hook)
+    return sent
+
+
+@pytest.mark.parametrize("damage", ["state_cut_short", "weights_garbled"])
+def test_a_trial_whose_progress_cannot_be_read_runs_again_from_its_start(tmp_path, monkeypatch,
+                                                                         damage):
+    """A search killed while a trial's checkpoint was written (its weights
+    file and a ``.state.json.partial``, no state; or a weights file that
+    cannot be read): the next run runs that trial again, never FAILED."""
+    from keras_identity.tuning import SearchStopped
+
+    with monkeypatch.context() as patch:
+        stop_at(patch, "on_train_batch_end", lambda self, batch, *_: batch == 3)
+        with pytest.raises(SearchStopped):
+            run_search(tiny_search(tmp_path, "s", (-2.0,)), print_fn=quiet)
+    [progress] = (tmp_path / "s" / "tune" / "search").glob("trial_*/progress")
+    [weights] = progress.glob("ckpt-*.weights.h5")
+    state = weights.name.replace(".weights.h5", ".state.json")
+    if damage == "state_cut_short":   # the kill came before any state was whole
+        text = (progress / state).read_text()
+        for name in (state, "state.json"):
+            (progress / name).unlink()
+        (progress / (state + ".partial")).write_text(text[:len(text) // 2])
+    else:
+        weights.write_bytes(b"not HDF5" * 64)
+    lines = []
+    [row] = run_search(tiny_search(tmp_path, "s", (-2.0,)), print_fn=lines.append)["rows"]
+    assert row["note"] == "" and row["epochs"] == 1 and 0.0 <= row["val_error"] < 0.9
+    assert not any("resumes from its checkpoint" in line for line in lines), lines
+    if damage == "weights_garbled":
+        assert any("its progress cannot be read" in line and "starts again from its start"
+                   in line for line in lines), lines
+    assert not list((tmp_path / "s" / "tune" / "search").glob("trial_*/progress"))
+    assert len(list(csv.DictReader(open(tmp_path / "s" / "tune" / "results.csv")))) == 1
+
+
+def test_a_failed_trial_is_noted_and_the_next_run_retries_it(tmp_path, monkeypatch, capsys):
+    """A trial that fails is told in one line (no traceback), leaves a row
+    noting why, and the search does not end as complete (TrialsFailed:
+    keras-identity-tune exits 1); the next run retries it (and not the
+    others)."""
+    from keras_identity.tuning import TrialsFailed
+    from keras_identity.tuning import search as search_lib
+
+    original = search_lib.TrialProgress.fit
+    calls = []
+
+    def fail_first(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the disk went away")
+        return original(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(search_lib.TrialProgress, "fit", fail_first)
+        lines = []
+        with pytest.raises(TrialsFailed) as failed:
+            run_search(tiny_search(tmp_path, "s", (0.0, -2.0)), print_fn=lines.append)
+    assert any("(gate bias 0) failed: RuntimeError: the disk went away" in line
+               for line in lines), lines
+    assert "Traceback" not in capsys.readouterr().err
+    assert "1 of 2 trials failed" in str(failed.value)
+    assert "RuntimeError: the disk went away" in str(failed.value)
+    directory = tmp_path / "s" / "tune"
+    rows = list(csv.DictReader(open(directory / "results.csv")))
+    assert [r["note"] for r in rows] == ["failed (RuntimeError: the disk went away)", ""]
+    assert "1 of 2 trials failed" in (directory / "results.md").read_text()
+    done = directory / "search" / f"trial_{rows[1]['trial']}" / "trial.json"
+    stamp = os.path.getmtime(done)
+    lines = []
+    result = run_search(tiny_search(tmp_path, "s", (0.0, -2.0)), print_fn=lines.append)
+    assert any(f"trial {rows[0]['trial']} (gate bias 0) failed in an earlier run" in line
+               for line in lines), lines
+    assert [r["note"] for r in result["rows"]] == ["", ""]
+    assert [r["trial"] for r in result["rows"]] == [r["trial"] for r in rows]
+    assert os.path.getmtime(done) == stamp   # not run again
+    assert "failed" not in (directory / "results.md").read_text()
+
+
+def test_a_stop_at_the_searchs_last_evaluation_stops_before_the_retraining(tmp_path,
+                                                                          monkeypatch):
+    """A signal acknowledged at a trial's last evaluation lets that trial
+    end: the next trial does not start, and after the search's last trial the
+    program stops (status 75) before the retraining, the results written;
+    the next run retrains without searching again."""
+    from keras_identity.tuning import SearchStopped
+
+    def config():
+        return tiny_search(tmp_path, "s", (0.0, -2.0), retrain_best=True)
+
+    directory = tmp_path / "s" / "tune"
+    for phase, trials in [("between trials", 1), ("before the retraining", 2)]:
+        with monkeypatch.context() as patch:
+            stop_at(patch, "on_epoch_end", lambda self, epoch, *_: True)
+            with pytest.raises(SearchStopped) as stopped:
+                run_search(config(), print_fn=quiet)
+        assert stopped.value.phase == phase
+        records = json.loads((directory / "search" / "records_per_trial.json").read_text())
+        assert len(records) == trials
+    assert "run the same command to retrain the best values" in str(stopped.value)
+    assert len(list(csv.DictReader(open(directory / "results.csv")))) == 2
+    assert not (directory / "retrain_best").exists()
+    lines = []
+    result = run_search(config(), print_fn=lines.append)
+    assert any("continuing after 2 finished trials" in line for line in lines)
+    assert result["retrain"]["steps"] == 1280 // 128
+
+
+def test_a_stop_during_the_retraining_says_the_same_command_resumes_it(tmp_path, monkeypatch):
+    """The retraining is a training run of its own: stopped, its line says
+    that the same command resumes it (not the search), and it does."""
+    from keras_identity.training import trainer
+    from keras_identity.tuning import SearchStopped
+
+    retraining = []
+    original = trainer.train
+
+    def train(*args, **kwargs):
+        retraining.append(True)
+        return original(*args, **kwargs)
+
+    def config():   # two epochs: on JAX the decision may come a few steps late
+        return tiny_search(tmp_path, "s", (-2.0,), retrain_best=True, retrain_epochs=2)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "train", train)
+        # Sent in the main thread (JAX runs the training's batch-end callbacks
+        # beside the steps).
+        stop_at(patch, "on_train_batch_begin", lambda self, batch, *_: retraining and batch == 2)
+        with pytest.raises(SearchStopped) as stopped:
+            run_search(config(), print_fn=quiet)
+    message = str(stopped.value)
+    assert stopped.value.phase == "retraining" and "retrain_best" in stopped.value.directory
+    assert "running the same command resumes the retraining of gate bias -2" in message
+    assert "the search continues with this trial" not in message
+    assert 3 <= stopped.value.step <= 1280 // 128
+    lines = []
+    result = run_search(config(), print_fn=lines.append)
+    assert any(f"resuming from the checkpoint at step {stopped.value.step}" in line
+               for line in lines), lines
+    assert result["retrain"]["steps"] == 2 * (1280 // 128)
