@@ -155,7 +155,8 @@ class TrialProgress:
         if stop.stopped is not None:
             epoch = -(-stop.stopped // self.steps_per_epoch)
             raise SearchStopped(
-                f"stopped by {self.signals.received} at step {stop.stopped:,} (epoch {epoch}): "
+                f"stopped by {self.signals.received} at step {stop.stopped:,} "
+                f"({preemption.place(stop.stopped, self.steps_per_epoch)}): "
                 f"no checkpoint of it (this Hyperband round restarts from its start); run the "
                 f"same command to resume; the search continues with this trial", "trial",
                 self.signals.received, stop.stopped, epoch, None, saved=False)
