@@ -360,3 +360,14 @@ def test_checkpoints_inside_epochs_leave_the_reported_history_bit_equal(tmp_path
     assert any(line.startswith("checkpoint at step") for line in lines), lines
     for key in ("loss", "train_error", "test_loss", "test_error"):
         assert [r[key] for r in result["history"]] == [r[key] for r in straight["history"]], key
+
+
+def test_a_step_is_placed_in_its_epoch_the_same_way_when_saved_stopped_and_resumed():
+    """P05b: the checkpoint said "(epoch 1)" when saved and "(epoch 0)" when
+    resumed; now every line uses preemption.place."""
+    assert preemption.place(12, 8) == "inside epoch 2"
+    assert preemption.place(16, 8) == "end of epoch 2"
+    assert preemption.place(0, 8) == "end of epoch 0"
+    stopped = Stopped("SIGTERM", 12, 8, "runs/x/checkpoints")
+    assert "at step 12 (inside epoch 2): the checkpoint" in str(stopped)
+    assert stopped.epoch == 2
