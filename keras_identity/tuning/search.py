@@ -724,6 +724,7 @@ def run_search(search, print_fn=print):
             config.normalization or recipe.normalization, data)
         hypermodel = TrainingHyperModel(config, data, recipe, schedule, space=search.space,
                                         normalization=normalization)
+        fresh = not os.path.exists(os.path.join(config.model_dir, SEARCH_FILE))
         _check_same_search(config.model_dir, search_identity(search, full, recipe))
     except trainer.ConfigError:
         raise
@@ -733,7 +734,13 @@ def run_search(search, print_fn=print):
         strategy, data, batch_size=schedule.batch_size, normalization=normalization,
         augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
         split="val")
-    tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
+    try:  # Keras Tuner builds a first model here: the builder's refusals are one line
+        tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
+    except ValueError as error:
+        if fresh:  # what this run just wrote, so that the corrected command starts anew
+            os.remove(os.path.join(config.model_dir, SEARCH_FILE))
+            shutil.rmtree(os.path.join(config.model_dir, "search"), ignore_errors=True)
+        raise trainer.ConfigError(str(error)) from None
     _retry_failed(tuner, print_fn)
     done_before = len([r for r in _trial_rows(tuner, search.objective) if not _failed(r)])
     size = search.space_size

@@ -64,3 +64,18 @@ def test_bad_flags(tmp_path):
         assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, (flags, stderr)
         for word in words:
             assert word in lines[0], (flags, lines[0])
+
+
+def test_a_depth_the_builder_refuses_is_one_line_and_leaves_no_search(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", "--depth=-1",
+                           f"--model_dir={tmp_path / 'search'}"], cwd=REPO, text=True,
+                          capture_output=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and lines == [
+        "error: depth=-1 is not valid; expected an integer >= 1."], done.stderr[-2000:]
+    assert not (tmp_path / "search" / "search.json").exists()
