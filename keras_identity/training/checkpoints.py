@@ -255,7 +255,8 @@ class Checkpointer:
                 their own).
         """
         self.check_directory()
-        candidates = self._candidates()
+        files = self._weights_files()
+        candidates = self._candidates(files)
         newest = candidates[0][1] if candidates else None
         problem = None
         if os.path.exists(self.state_path):
@@ -266,19 +267,18 @@ class Checkpointer:
                     raise ValueError("missing or invalid step/epoch/weights")
                 weights = os.path.join(self.directory, state["weights"])
                 if not _regular(weights):
-                    raise ValueError(f"it names {state['weights']}, which is "
-                                     f"{_kind(weights) if os.path.lexists(weights) else 'missing'}")
+                    raise ValueError(f"it names {state['weights']}, which is {_kind(weights)}")
                 if newest is None or state["step"] >= newest["step"]:
                     return state
                 return newest  # saved, but stopped before state.json was updated
             except (OSError, ValueError, TypeError) as error:
                 problem = f"is not readable ({error})"
-        elif self._weights_files():
+        elif files:
             problem = "is missing"
         else:
             return None
         if newest is None:
-            if self._weights_files() and all(_interrupted(f) for f in self._weights_files()):
+            if files and all(_interrupted(f) for f in files):
                 warnings.warn(f"the checkpoint(s) in {self.directory} were cut short while "
                               f"their state was written; the run starts from its beginning.",
                               stacklevel=2)
@@ -291,12 +291,13 @@ class Checkpointer:
                       f"{os.path.basename(candidates[0][0])} (its own state).", stacklevel=2)
         return newest
 
-    def _candidates(self):
+    def _candidates(self, files=None):
         """``(weights path, state)`` of every checkpoint with a readable state
         (its own, or the whole ``.partial`` of a state not yet renamed) that
-        agrees with the checkpoint's name, newest first."""
+        agrees with the checkpoint's name, newest first (``files``: the
+        folder's weights files, when the caller has listed them)."""
         found = []
-        for path in reversed(self._weights_files()):
+        for path in reversed(self._weights_files() if files is None else files):
             if not _regular(path):
                 warnings.warn(f"passed over {path}: it is {_kind(path)}, not a checkpoint "
                               f"this package writes.", stacklevel=3)

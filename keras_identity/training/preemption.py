@@ -110,9 +110,10 @@ class Stopped(BaseException):
         self.saved = saved
         where = (f"the checkpoint of that step is in {directory}" if saved else
                  "no checkpoint of it (this trial restarts from its start)")
-        super().__init__(f"stopped by {signal_name} at step {self.step:,} "
-                         f"({place(self.step, steps_per_epoch)}): {where}; run the same "
-                         f"command to resume")
+        # What happened, without what to do next (a caller may say it otherwise).
+        self.what = (f"stopped by {signal_name} at step {self.step:,} "
+                     f"({place(self.step, steps_per_epoch)}): {where}")
+        super().__init__(f"{self.what}; run the same command to resume")
 
 
 class SaveRequest(BaseException):

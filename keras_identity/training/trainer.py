@@ -486,12 +486,12 @@ def check_identity(model_dir, identity, state):
         raise ValueError(f"model_dir={model_dir!r} holds a run started with other {where} "
                          f"({'; '.join(diffs)}); resume it with its own flags (only "
                          f"--epochs/--train_steps may grow) or use a new --model_dir.")
-    if state is not None and not isinstance(state.get("identity"), dict):
-        raise ValueError(f"the checkpoint {checkpoint} keeps no record of the flags it was "
-                         f"trained with, so it cannot be told from another run's; nothing was "
-                         f"changed: move it (and checkpoints/state.json) away, or use a new "
-                         f"--model_dir.")
     if state is not None:
+        if not isinstance(state.get("identity"), dict):
+            raise ValueError(f"the checkpoint {checkpoint} keeps no record of the flags it was "
+                             f"trained with, so it cannot be told from another run's; nothing "
+                             f"was changed: move it (and checkpoints/state.json) away, or use a "
+                             f"new --model_dir.")
         diffs = differences(state["identity"], identity)
         if diffs:
             raise ValueError(f"the checkpoint {checkpoint} was trained with other flags than "

@@ -824,7 +824,7 @@ def run_search(search, print_fn=print):
                 "before the retraining", signals.received)
     finite = [r for r in rows if not r["note"]] or rows
     best_row = min(finite, key=lambda r: _score(r, search.objective))
-    best = {k: best_row[k] for k in DIMENSIONS if k in best_row}
+    best = _values(best_row)
     judged = {"val_error": ("validation error", best_row["val_error"]),
               "train_error": ("best training error", best_row.get("train_error")),
               "train_loss": ("best training loss", best_row.get("best_train_loss"))}
@@ -850,11 +850,8 @@ def run_search(search, print_fn=print):
             # The retraining is a training run of its own (its checkpoints in
             # its model_dir): the same command skips the finished search and
             # resumes it.
-            text = str(stopped)
-            suffix = "; run the same command to resume"
-            text = text[:-len(suffix)] if text.endswith(suffix) else text
             raise SearchStopped(
-                f"{text}; running the same command resumes the retraining of "
+                f"{stopped.what}; running the same command resumes the retraining of "
                 f"{_describe(best)} (the search is complete)", "retraining",
                 stopped.signal_name, stopped.step, stopped.epoch, stopped.directory,
                 stopped.saved) from None

@@ -388,14 +388,21 @@ def test_other_files_and_folders_beside_the_splits_are_not_read(tmp_path):
     assert data.num_train == 4 and data.num_test == 4 and data.class_names == ["a", "b"]
 
 
-def test_a_class_folder_that_links_to_a_folder_is_followed(tmp_path):
-    """As Keras's ``image_dataset_from_directory`` follows it; the listing
-    (shared by both routes) once left it out, reporting ``num_classes=1``."""
+def _tree_with_a_linked_class(tmp_path):
+    """A folder tree whose train/b is a link to a class folder elsewhere (3
+    images; train/a has 2): ``(root, elsewhere)``."""
     root = _tree(tmp_path / "tree", classes={"train": ("a",), "val": ("a", "b")},
                  format="PNG")
     elsewhere = _tree(tmp_path / "elsewhere", classes={"train": ("b",)}, per_class=3,
                       format="PNG")
     _symlink(os.path.join(elsewhere, "train", "b"), os.path.join(root, "train", "b"))
+    return root, elsewhere
+
+
+def test_a_class_folder_that_links_to_a_folder_is_followed(tmp_path):
+    """As Keras's ``image_dataset_from_directory`` follows it; the listing
+    (shared by both routes) once left it out, reporting ``num_classes=1``."""
+    root, elsewhere = _tree_with_a_linked_class(tmp_path)
     before = load_dataset("imagenet", root)
     assert before.num_classes == 2 and before.class_names == ["a", "b"]
     assert before.files_train[1].tolist() == [0, 0, 1, 1, 1]
@@ -419,11 +426,7 @@ def test_a_class_folder_that_links_to_a_folder_is_followed(tmp_path):
 def test_the_tf_data_route_reads_a_linked_class_folder(tmp_path):
     from keras_identity.data import train_dataset
 
-    root = _tree(tmp_path / "tree", classes={"train": ("a",), "val": ("a", "b")},
-                 format="PNG")
-    elsewhere = _tree(tmp_path / "elsewhere", classes={"train": ("b",)}, per_class=3,
-                      format="PNG")
-    _symlink(os.path.join(elsewhere, "train", "b"), os.path.join(root, "train", "b"))
+    root, _ = _tree_with_a_linked_class(tmp_path)
     data = load_dataset("imagenet", root)
     labels = [y.numpy().tolist() for _, y in train_dataset(
         data, batch_size=5, normalization=Normalization("scale"), raw_pixels=True).take(1)]

@@ -71,10 +71,16 @@ DAMAGE = {
 }
 
 
+def _copy(finished, tmp_path, name="run"):
+    """A copy of the finished run in ``tmp_path / name``."""
+    run = tmp_path / name
+    shutil.copytree(finished, run)
+    return run
+
+
 def _damaged_copy(finished, tmp_path, damage):
     """A copy of the finished run with the files of ``DAMAGE[damage]`` harmed."""
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     for name, harm in DAMAGE[damage]:
         harm(run / name)
     return run
@@ -124,8 +130,7 @@ def test_changed_flags_without_run_json_are_named_from_the_checkpoints_record(
 def test_checkpoints_without_a_record_of_their_flags_are_refused_not_trained_over(
         tmp_path, two_epochs):
     finished, _ = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     (run / "run.json").unlink()
     for state in (run / "checkpoints").glob("*.json"):
         saved = json.loads(state.read_text())
@@ -141,8 +146,7 @@ def test_checkpoints_without_a_record_of_their_flags_are_refused_not_trained_ove
 def test_checkpoints_without_any_readable_state_are_refused_not_trained_over(
         tmp_path, two_epochs):
     finished, _ = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     for state in (run / "checkpoints").glob("*.json"):
         state.unlink()
     files = _digests(run)
@@ -283,8 +287,7 @@ def test_a_checkpoint_copied_in_from_a_run_with_other_flags_is_refused(
     """run.json is this run's, but the newest checkpoint (and the index naming
     it) are another run's: refused naming the checkpoint and the flag."""
     finished, _ = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     for name in ("ckpt-000000012.weights.h5", "ckpt-000000012.state.json", "state.json"):
         shutil.copy(other_runs / other / "checkpoints" / name, run / "checkpoints" / name)
     files = _digests(run)
@@ -315,8 +318,7 @@ def test_a_checkpoint_that_does_not_hold_the_models_variables_is_not_loaded(tmp_
 def test_a_checkpoints_folder_linked_to_another_runs_folder_is_refused_untouched(
         tmp_path, two_epochs):
     finished, _ = two_epochs
-    other = tmp_path / "other"
-    shutil.copytree(finished, other)
+    other = _copy(finished, tmp_path, "other")
     run = tmp_path / "run"
     run.mkdir()
     os.symlink(other / "checkpoints", run / "checkpoints")
@@ -344,7 +346,7 @@ def test_an_impossible_checkpoint_folder_is_refused_before_training(
         run.mkdir()
         (run / "checkpoints").write_text("x")
     else:
-        shutil.copytree(finished, run)
+        _copy(finished, tmp_path)
         (run / "checkpoints" / "state.json").unlink()
         (run / "checkpoints" / "state.json").mkdir()
     lines = []
@@ -391,8 +393,7 @@ INDEX_DAMAGE = {
 def test_a_state_that_cannot_be_is_passed_over_and_the_run_ends_as_uninterrupted(
         tmp_path, two_epochs, damage):
     finished, straight = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     harm, resumed_at = INDEX_DAMAGE[damage]
     harm(run)
     lines = []
@@ -409,8 +410,7 @@ def test_a_checkpoint_killed_while_its_state_was_written(tmp_path, two_epochs, p
     ``.partial`` state completes it; one cut short leaves the run to
     continue from the checkpoint before (here: none, the run's start)."""
     finished, straight = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     directory = run / "checkpoints"
     for name in ("ckpt-000000008.weights.h5", "ckpt-000000008.state.json", "state.json"):
         (directory / name).unlink()
@@ -478,8 +478,7 @@ def test_a_read_only_checkpoint_folder_is_refused_before_training_not_told_to_fr
     import subprocess
 
     finished, _ = two_epochs
-    run = tmp_path / "run"
-    shutil.copytree(finished, run)
+    run = _copy(finished, tmp_path)
     directory = run / "checkpoints"
     if subprocess.run(["mount", "--bind", "-o", "ro", str(directory), str(directory)],
                       capture_output=True).returncode:
