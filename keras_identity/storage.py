@@ -1,0 +1,477 @@
+"""Where a run's files live: a local folder or a bucket (``gs://``, ``s3://``).
+
+Every file a run, a search or an export writes and reads (the lock, the run's
+identity and settings, checkpoints and their state, the history and its
+curves, TensorBoard logs, ``model.keras``, the tuner's files, a SavedModel)
+goes through this module, so that ``--model_dir=gs://BUCKET/run`` keeps all
+of them in the bucket, on either Keras backend, with or without TensorFlow.
+
+Object stores are reached through fsspec (gcsfs for ``gs://``, s3fs for
+``s3://`` where it is installed): the maintained layer that Orbax and the JAX
+libraries also use through ``etils.epath`` (told here to use fsspec too,
+rather than TensorFlow's file system where TensorFlow happens to be
+installed: one client, one set of credentials, one emulator setting).  The
+stores' transient errors are retried by gcsfs/s3fs, not here.  Local paths
+stay on the operating system's calls, because there links, FIFOs and atomic
+renames matter (a run refuses a linked checkpoint folder; a file appears
+whole by ``os.replace``); an object store has none of these, and an object
+appears whole when its upload ends.
+
+``STORAGE_EMULATOR_HOST`` (the variable Google's clients honour) points
+everything at a local GCS emulator: gcsfs reads it itself; TensorStore (the
+arrays of an Orbax checkpoint) is given it as ``TENSORSTORE_GCS_HTTP_URL``;
+gcsfs's probe of a bucket's type over gRPC, which an emulator does not answer
+(a minute's wait per bucket), is turned off; and no credentials are looked
+for.  A user's own settings of these variables are kept.
+"""
+
+import contextlib
+import errno
+import json
+import math
+import os
+import posixpath
+import shutil
+import stat
+import tempfile
+
+REMOTE_SCHEMES = ("gs", "s3")
+
+
+def _configure_environment():
+    os.environ.setdefault("EPATH_USE_TF", "false")
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if emulator and emulator != "default":
+        url = emulator if "://" in emulator else f"http://{emulator}"
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url)
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+_configure_environment()
+
+
+class StorageError(OSError):
+    """A file of a run could not be read or written; the message is one line
+    naming the path and what failed."""
+
+
+def scheme(path):
+    """``'gs'``, ``'s3'``, ... for a URL; None for a local path."""
+    path = os.fspath(path)
+    head, sep, _ = path.partition("://")
+    if not sep or not head.isalnum() or head == "file":
+        return None
+    return head.lower()
+
+
+def is_remote(path):
+    """Whether ``path`` is in an object store (``gs://``, ``s3://``)."""
+    return scheme(path) is not None
+
+
+def check_path(path, name="model_dir"):
+    """Refuses (``ValueError``, one line naming ``name``) a URL of a store
+    this package cannot reach, or one whose client is not installed."""
+    found = scheme(path)
+    if found is None:
+        return
+    if found not in REMOTE_SCHEMES:
+        raise ValueError(f"{name}={path!r}: {found}:// is not a store this package writes to; "
+                         f"expected a local path, gs://BUCKET/... or s3://BUCKET/...")
+    bucket = path.split("://", 1)[1].split("/", 1)[0]
+    if not bucket:
+        raise ValueError(f"{name}={path!r} names no bucket; expected {found}://BUCKET/path")
+    _filesystem(found, name)
+
+
+def join(base, *parts):
+    if is_remote(base):
+        return posixpath.join(base, *parts)
+    return os.path.join(base, *parts)
+
+
+def basename(path):
+    return posixpath.basename(path.rstrip("/")) if is_remote(path) else os.path.basename(path)
+
+
+def dirname(path):
+    return posixpath.dirname(path.rstrip("/")) if is_remote(path) else os.path.dirname(path)
+
+
+def normalize(path):
+    """A path's canonical spelling (for comparing and digesting)."""
+    if is_remote(path):
+        head, rest = path.split("://", 1)
+        return f"{head.lower()}://{posixpath.normpath(rest)}"
+    return os.path.normpath(path)
+
+
+_FILESYSTEMS = {}
+
+_PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
+
+
+def _filesystem(found, name="model_dir"):
+    if found not in _FILESYSTEMS:
+        _configure_environment()  # an emulator named after this module was imported
+        try:
+            import fsspec
+
+            options = {}
+            if found == "gs" and os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("",
+                                                                                    "default"):
+                options["token"] = "anon"  # an emulator takes no credentials
+            _FILESYSTEMS[found] = fsspec.filesystem(found, **options)
+        except ImportError:
+            raise ValueError(f"{name}: {found}:// paths need the {_PACKAGES[found]} package, "
+                             f"which is not installed: pip install {_PACKAGES[found]}") from None
+    return _FILESYSTEMS[found]
+
+
+def _fs(path):
+    return _filesystem(scheme(path))
+
+
+def describe(error):
+    """What went wrong, in a few words, for a one-line message."""
+    text = " ".join(str(getattr(error, "strerror", None) or error).split())
+    name = type(error).__name__
+    lowered = (text + " " + name).lower()
+    if "defaultcredentials" in lowered or "could not automatically determine credentials" \
+            in lowered:
+        return "no Google Cloud credentials were found (gcloud auth application-default login)"
+    if "401" in text or "unauthorized" in lowered or "anonymous caller" in lowered:
+        return "not signed in, or the credentials are not accepted (401)"
+    if "403" in text or "forbidden" in lowered or "permission" in lowered:
+        return f"no permission ({text[:160]})"
+    if "cannot connect" in lowered or "connection refused" in lowered or "name or service" \
+            in lowered or "clientconnector" in lowered or "timeout" in lowered:
+        return f"the store cannot be reached ({text[:160]})"
+    return (text or name)[:200]
+
+
+def bucket_of(path):
+    head, rest = path.split("://", 1)
+    return f"{head}://{rest.split('/', 1)[0]}"
+
+
+@contextlib.contextmanager
+def _remote_errors(path, doing):
+    """Turns a store's exceptions into one :class:`StorageError` line."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError as error:
+        if _bucket_missing(path):
+            raise StorageError(errno.ENOENT, f"the bucket {bucket_of(path)} does not exist (or "
+                                             f"this account cannot see it); {doing} {path} "
+                                             f"failed") from None
+        raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from error
+    except Exception as error:  # gcsfs/aiohttp/google.auth errors
+        raise StorageError(errno.EIO, f"{doing} {path} failed: {describe(error)}") from None
+
+
+def _bucket_missing(path):
+    try:
+        return not _fs(path).exists(bucket_of(path))
+    except Exception:  # noqa: BLE001 - an unreachable store: not "missing"
+        return False
+
+
+def exists(path):
+    if not is_remote(path):
+        return os.path.lexists(path)
+    with _remote_errors(path, "looking up"):
+        return _fs(path).exists(path)
+
+
+def isdir(path):
+    if not is_remote(path):
+        return os.path.isdir(path)
+    with _remote_errors(path, "looking up"):
+        return _fs(path).isdir(path)
+
+
+def isfile(path):
+    """Whether ``path`` is a regular file (locally, itself: not a link, FIFO
+    or folder)."""
+    if not is_remote(path):
+        try:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:
+            return False
+    with _remote_errors(path, "looking up"):
+        return _fs(path).isfile(path)
+
+
+def islink(path):
+    return not is_remote(path) and os.path.islink(path)
+
+
+def kind(path):
+    """What ``path`` is, in words, for a message."""
+    if is_remote(path):
+        if isfile(path):
+            return "a file"
+        return "a folder" if isdir(path) else "missing"
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        target = os.readlink(path)
+        return (f"a symbolic link to {target}" if os.path.exists(path) else
+                f"a symbolic link to {target}, which does not exist")
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                        (stat.S_ISBLK, "a device"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def makedirs(path):
+    """Creates a local folder (with its parents); nothing in an object store,
+    where folders are only the names' prefixes."""
+    if not is_remote(path):
+        os.makedirs(path, exist_ok=True)
+
+
+def listdir(path):
+    """The names in folder ``path`` (sorted; empty when it does not exist)."""
+    if not is_remote(path):
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+    with _remote_errors(path, "listing"):
+        try:
+            entries = _fs(path).ls(path.rstrip("/"), detail=False, refresh=True)
+        except FileNotFoundError:
+            if _bucket_missing(path):
+                raise
+            return []
+    return sorted({posixpath.basename(e.rstrip("/")) for e in entries} - {""})
+
+
+def read_bytes(path):
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            return f.read()
+    with _remote_errors(path, "reading"):
+        return _fs(path).cat_file(path)
+
+
+def read_text(path):
+    return read_bytes(path).decode("utf-8")
+
+
+def read_json(path):
+    return json.loads(read_text(path))
+
+
+def write_bytes(path, data):
+    """Writes ``data`` to ``path`` all at once: a reader never sees half a
+    file, and a failed write leaves the previous file (locally through a
+    temporary file renamed over ``path``; an object appears when its upload
+    ends)."""
+    if is_remote(path):
+        with _remote_errors(path, "writing"):
+            _fs(path).pipe_file(path, bytes(data))
+        return
+    temporary = f"{path}.partial"
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.lexists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def write_text(path, text):
+    write_bytes(path, text.encode("utf-8"))
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(path, value, indent=1):
+    """Writes ``value`` to ``path`` as JSON all at once (:func:`write_bytes`).
+    NaN and infinities become ``null`` (JSON has no such numbers)."""
+    write_text(path, json.dumps(_finite(value), indent=indent, allow_nan=False))
+
+
+def create_new(path, data):
+    """Writes ``data`` to ``path`` only if nothing is there; returns whether it
+    did.  Atomic against another process doing the same: ``O_EXCL`` on a
+    local disk, the store's create-if-absent precondition in a bucket (GCS:
+    generation match 0)."""
+    if not is_remote(path):
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(data)
+        return True
+    with _remote_errors(path, "creating"):
+        try:
+            _fs(path).pipe_file(path, bytes(data), mode="create")
+        except FileExistsError:
+            return False
+        except OSError as error:
+            if "412" in str(error) or "precondition" in str(error).lower():
+                return False
+            raise
+    return True
+
+
+def generation(path):
+    """The store's version of object ``path`` (GCS's generation; a local
+    file's modification time in nanoseconds), or None when it is missing."""
+    if not is_remote(path):
+        try:
+            return os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return None
+    with _remote_errors(path, "looking up"):
+        try:
+            info = _fs(path).info(path, refresh=True)
+        except FileNotFoundError:
+            return None
+    return info.get("generation") or info.get("ETag") or info.get("mtime")
+
+
+def remove(path, missing_ok=True):
+    if not is_remote(path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+        return
+    with _remote_errors(path, "removing"):
+        try:
+            _fs(path).rm_file(path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+
+def rename(source, target):
+    """Moves ``source`` to ``target`` (locally an atomic rename, over
+    ``target``; in a store a copy and a delete)."""
+    if not is_remote(source):
+        os.replace(source, target)
+        return
+    with _remote_errors(source, "moving"):
+        _fs(source).mv(source, target)
+
+
+def rmtree(path):
+    if not is_remote(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with _remote_errors(path, "removing"):
+        try:
+            _fs(path).rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def free_bytes(path):
+    """Free space where ``path`` is written (None: not known, an object
+    store); the nearest existing folder above ``path`` is asked."""
+    if is_remote(path):
+        return None
+    while path and not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return shutil.disk_usage(path or ".").free
+
+
+def upload(local_path, path):
+    """Copies the local file ``local_path`` to ``path`` (any store)."""
+    if not is_remote(path):
+        if os.path.abspath(local_path) != os.path.abspath(path):
+            write_bytes(path, open(local_path, "rb").read())
+        return
+    with _remote_errors(path, "writing"):
+        _fs(path).put_file(local_path, path)
+
+
+def upload_tree(local_dir, path, sizes=None):
+    """Copies the files under ``local_dir`` to ``path`` that are new or have
+    changed size since the last call with the same ``sizes`` dict."""
+    sizes = {} if sizes is None else sizes
+    for root, _, names in os.walk(local_dir):
+        for name in names:
+            source = os.path.join(root, name)
+            relative = os.path.relpath(source, local_dir).replace(os.sep, "/")
+            size = os.path.getsize(source)
+            if sizes.get(relative) != size:
+                upload(source, join(path, relative))
+                sizes[relative] = size
+    return sizes
+
+
+@contextlib.contextmanager
+def local_copy(path, suffix=""):
+    """Yields a local path holding ``path``'s bytes (``path`` itself when it
+    is local), for libraries that read only local files."""
+    if not is_remote(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="keras_identity_") as folder:
+        local = os.path.join(folder, basename(path) + suffix)
+        with open(local, "wb") as f:
+            f.write(read_bytes(path))
+        yield local
+
+
+@contextlib.contextmanager
+def staged(path):
+    """Yields a local path to write ``path`` to (``path`` itself when it is
+    local); uploaded when the block ends without an error."""
+    if not is_remote(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="keras_identity_") as folder:
+        local = os.path.join(folder, basename(path))
+        yield local
+        if os.path.isdir(local):
+            upload_tree(local, path)
+        else:
+            upload(local, path)
+
+
+def check_writable(directory, name="model_dir"):
+    """Creates ``directory`` if needed and writes a file into it; raises
+    ``ValueError`` in one line when it cannot (``name``: the flag, or the
+    folder's role, the line names): a missing bucket, no credentials or
+    permission, a read-only folder."""
+    check_path(directory, name)
+    probe = join(directory, f".write_test.{os.getpid()}")
+    try:
+        makedirs(directory)
+        # One name per process: two runs starting together never share it.
+        write_bytes(probe, b"ok")
+        remove(probe)
+    except StorageError as error:
+        raise ValueError(f"{name}={directory!r} cannot be written: {error.strerror}") from None
+    except OSError as error:
+        raise ValueError(f"{name}={directory!r} is not a writable directory "
+                         f"({error.strerror or type(error).__name__}); the run writes there: "
+                         f"make it writable, or use a new --model_dir.") from None
