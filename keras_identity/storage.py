@@ -121,11 +121,24 @@ def _filesystem(found, name="model_dir"):
             if found == "gs" and os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("",
                                                                                     "default"):
                 options["token"] = "anon"  # an emulator takes no credentials
+                _without_bucket_probe(fsspec)
             _FILESYSTEMS[found] = fsspec.filesystem(found, **options)
         except ImportError:
             raise ValueError(f"{name}: {found}:// paths need the {_PACKAGES[found]} package, "
                              f"which is not installed: pip install {_PACKAGES[found]}") from None
     return _FILESYSTEMS[found]
+
+
+def _without_bucket_probe(fsspec):
+    """gcsfs chooses its class when it is imported: where that came before
+    the emulator's setting, its experimental class (which probes each bucket's
+    type over gRPC, unanswered by an emulator) is replaced by the plain one."""
+    if os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "").lower() in ("true", "1"):
+        return
+    from gcsfs.core import GCSFileSystem
+
+    for protocol in ("gs", "gcs"):
+        fsspec.register_implementation(protocol, GCSFileSystem, clobber=True)
 
 
 def _fs(path):
@@ -338,12 +351,16 @@ def create_new(path, data):
 
 def generation(path):
     """The store's version of object ``path`` (GCS's generation; a local
-    file's modification time in nanoseconds), or None when it is missing."""
+    file's modification time in nanoseconds and its inode: a file system's
+    clock may tick once in a few milliseconds, and a rewrite by
+    :func:`write_bytes` within one tick is known by its new inode), or None
+    when it is missing.  For comparing for equality only."""
     if not is_remote(path):
         try:
-            return os.stat(path).st_mtime_ns
+            found = os.stat(path)
         except FileNotFoundError:
             return None
+        return f"{found.st_mtime_ns}.{found.st_ino}"
     with _remote_errors(path, "looking up"):
         try:
             info = _fs(path).info(path, refresh=True)
@@ -425,6 +442,51 @@ def upload_tree(local_dir, path, sizes=None):
                 upload(source, join(path, relative))
                 sizes[relative] = size
     return sizes
+
+
+def download_tree(path, local_dir):
+    """Copies every file under ``path`` (any store) into ``local_dir``;
+    returns the sizes dict :func:`upload_tree` takes, so that what was just
+    downloaded is not uploaded back."""
+    sizes = {}
+    if not is_remote(path):
+        if os.path.isdir(path) and os.path.abspath(path) != os.path.abspath(local_dir):
+            shutil.copytree(path, local_dir, dirs_exist_ok=True)
+        return upload_tree(local_dir, local_dir, sizes) if os.path.isdir(local_dir) else sizes
+    with _remote_errors(path, "reading"):
+        fs, root = _fs(path), path.split("://", 1)[1].rstrip("/")
+        try:
+            found = fs.find(root, detail=True)
+        except FileNotFoundError:
+            found = {}
+        for name, info in found.items():
+            relative = name[len(root):].lstrip("/")
+            if not relative or info.get("type") == "directory":
+                continue
+            target = os.path.join(local_dir, *relative.split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            fs.get_file(name, target)
+            sizes[relative] = os.path.getsize(target)
+    return sizes
+
+
+def list_files(path):
+    """The files under folder ``path`` (any store), as sorted ``/``-separated
+    paths relative to it (empty when it does not exist)."""
+    if not is_remote(path):
+        found = []
+        for root, _, names in os.walk(path):
+            found += [os.path.relpath(os.path.join(root, n), path).replace(os.sep, "/")
+                      for n in names]
+        return sorted(found)
+    with _remote_errors(path, "listing"):
+        root = path.split("://", 1)[1].rstrip("/")
+        try:
+            found = _fs(path).find(root, detail=True)
+        except FileNotFoundError:
+            return []
+    return sorted(name[len(root):].lstrip("/") for name, info in found.items()
+                  if info.get("type") != "directory" and name[len(root):].lstrip("/"))
 
 
 @contextlib.contextmanager

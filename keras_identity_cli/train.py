@@ -50,6 +50,7 @@ def main(argv):
     from keras_identity.training import Stopped
     from keras_identity.training import TrainingDiverged
     from keras_identity.training import WriteError
+    from keras_identity.storage import StorageError
     from keras_identity.training import train
     from keras_identity.training.processes import lost_peer
 
@@ -71,6 +72,9 @@ def main(argv):
         fail(f"training diverged: {error}")
     except WriteError as error:
         fail(error)
+    except StorageError as error:  # a bucket lost mid-run (the checkpoint before is intact)
+        fail(f"{error.strerror}; the last checkpoint is intact: fix the cause and run the same "
+             f"command to resume")
     except Exception as error:
         if processes > 1 and lost_peer(error):
             fail(f"another process of this {processes}-process run stopped or cannot be "

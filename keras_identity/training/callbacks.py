@@ -1,12 +1,15 @@
 """Callbacks of the training loop."""
 
+import io
 import math
 import os
+import shutil
+import tempfile
 import time
 
 import keras
 
-from keras_identity.training import checkpoints
+from keras_identity import storage
 from keras_identity.training import plots
 
 
@@ -177,26 +180,61 @@ class RunRecorder(keras.callbacks.Callback):
 def history_writer(model_dir, title):
     """Writes history.csv, history.json and curves.png into ``model_dir``."""
     import csv
-    import os
 
     def write(history):
-        checkpoints.write_json(os.path.join(model_dir, "history.json"), history)
-        with open(os.path.join(model_dir, "history.csv"), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(history[0]))
-            writer.writeheader()
-            writer.writerows(history)
-        plots.plot_history(history, os.path.join(model_dir, "curves.png"), title=title)
+        storage.write_json(storage.join(model_dir, "history.json"), history)
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+        storage.write_text(storage.join(model_dir, "history.csv"), table.getvalue())
+        plots.plot_history(history, storage.join(model_dir, "curves.png"), title=title)
 
     return write
 
 
 def tensorboard(log_dir):
-    """The run's TensorBoard logs in ``log_dir``: Keras's ``TensorBoard``
-    callback on the TensorFlow backend, :class:`EpochSummaries` (no
-    TensorFlow needed) on the others."""
+    """The callbacks that write the run's TensorBoard logs into ``log_dir``:
+    Keras's ``TensorBoard`` callback on the TensorFlow backend,
+    :class:`EpochSummaries` (no TensorFlow needed) on the others.  For a
+    bucket, they write into a local folder that :class:`UploadLogs` copies
+    up after every epoch and at the end (TensorFlow's own file system would
+    reach a bucket only where TensorFlow is installed, with credentials and
+    an emulator setting of its own)."""
+    local = tempfile.mkdtemp(prefix="keras_identity_tensorboard_") \
+        if storage.is_remote(log_dir) else log_dir
     if keras.backend.backend() == "tensorflow":
-        return keras.callbacks.TensorBoard(log_dir, update_freq="epoch")
-    return EpochSummaries(log_dir)
+        writer = keras.callbacks.TensorBoard(local, update_freq="epoch")
+    else:
+        writer = EpochSummaries(local)
+    return [writer] if local == log_dir else [writer, UploadLogs(local, log_dir)]
+
+
+class UploadLogs(keras.callbacks.Callback):
+    """Copies the files of ``local_dir`` that are new or have grown to
+    ``log_dir`` (a bucket) after every epoch and at the end of training,
+    then removes ``local_dir``."""
+
+    def __init__(self, local_dir, log_dir):
+        super().__init__()
+        self.local_dir, self.log_dir = local_dir, log_dir
+        self._sizes = {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        storage.upload_tree(self.local_dir, self.log_dir, self._sizes)
+
+    def on_train_end(self, logs=None):
+        self.finish()
+
+    def finish(self):
+        """Uploads what is left and removes the local folder (also called
+        when a stop signal or an error ends training, where Keras calls no
+        ``on_train_end``)."""
+        if os.path.isdir(self.local_dir):
+            try:
+                storage.upload_tree(self.local_dir, self.log_dir, self._sizes)
+            finally:
+                shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
 class EpochSummaries(keras.callbacks.Callback):

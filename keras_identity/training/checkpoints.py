@@ -27,41 +27,14 @@ checkpoints the keep policy would delete).
 """
 
 import errno
-import glob
 import io
 import json
-import math
 import os
 import re
-import shutil
-import stat
+import tempfile
 import warnings
 
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def write_json(path, value, indent=1):
-    """Writes ``value`` to ``path`` as JSON all at once: into a temporary file
-    that is renamed over ``path`` (a reader never sees half a file; a full
-    disk leaves the previous file).  NaN and infinities become ``null``
-    (JSON has no such numbers)."""
-    temporary = path + ".partial"
-    try:
-        with open(temporary, "w") as f:
-            json.dump(_finite(value), f, indent=indent, allow_nan=False)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+from keras_identity import storage
 
 
 class CheckpointError(ValueError):
@@ -114,7 +87,7 @@ class Checkpointer:
         self.keep = max(1, int(keep))
         self.identity = identity
         self.owns_directory = owns_directory
-        self.state_path = os.path.join(directory, "state.json")
+        self.state_path = storage.join(directory, "state.json")
         self._written = set()       # checkpoints this object wrote
         self._continued_step = -1   # the step of the checkpoint restored (-1: none)
 
@@ -124,29 +97,32 @@ class Checkpointer:
         ``state.json`` absent or a regular file: found before any training,
         not when the first checkpoint is written."""
         directory = self.directory
-        if os.path.islink(directory):
+        if storage.islink(directory):
             raise CheckpointError(
                 f"{directory} is a symbolic link (to {os.readlink(directory)}); a run keeps its "
                 f"checkpoints in a folder of its own, whose old checkpoints it deletes: replace "
                 f"the link by a folder (copy the checkpoints in), or use a new --model_dir.")
-        if os.path.lexists(directory) and not os.path.isdir(directory):
+        if storage.isfile(directory) or (
+                not storage.is_remote(directory) and os.path.lexists(directory)
+                and not os.path.isdir(directory)):
             raise CheckpointError(
-                f"{directory} is not a folder ({_kind(directory)}); it is where the run keeps "
-                f"its checkpoints: move it away, or use a new --model_dir.")
-        if os.path.lexists(self.state_path) and not _regular(self.state_path):
+                f"{directory} is not a folder ({storage.kind(directory)}); it is where the run "
+                f"keeps its checkpoints: move it away, or use a new --model_dir.")
+        if storage.isdir(self.state_path) or (
+                storage.exists(self.state_path) and not storage.isfile(self.state_path)):
             raise CheckpointError(
-                f"{self.state_path} is not a regular file ({_kind(self.state_path)}); it is the "
+                f"{self.state_path} is not a regular file ({storage.kind(self.state_path)}); it is the "
                 f"index of the run's checkpoints: remove it (each checkpoint keeps its own "
                 f"state), or use a new --model_dir.")
 
     def save(self, model, *, step, epoch, history, extra=None):
         """Writes the checkpoint of ``step``; raises :class:`WriteError` (and
         leaves no partial file, the previous checkpoint still the latest)
-        when it cannot: checked against the free space before writing, as
-        HDF5 copes badly with a disk that fills up under it."""
+        when it cannot: on a local disk, checked against the free space
+        before writing, as a disk that fills up under a write is best not
+        reached."""
         name = _name(step)
-        path = os.path.join(self.directory, name)
-        temporary = path + ".partial.weights.h5"
+        path = storage.join(self.directory, name)
         state = {"step": int(step), "epoch": int(epoch), "weights": name, "history": history,
                  **(extra or {})}
         if self.identity is not None:
@@ -154,40 +130,37 @@ class Checkpointer:
         own_state = _state_of(path)
         written = []
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            storage.makedirs(self.directory)
             needed = checkpoint_bytes(model) + len(json.dumps(state)) * 2
-            free = shutil.disk_usage(self.directory).free
-            if free < needed:
+            free = storage.free_bytes(self.directory)
+            if free is not None and free < needed:
                 raise OSError(errno.ENOSPC, f"No space left on device: {free / 2 ** 20:.1f} MiB "
                                             f"free, about {needed / 2 ** 20:.1f} MiB needed")
-            written.append(temporary)
-            _save_weights(model, temporary)
-            if os.path.lexists(path) and path not in self._written and not self.owns_directory:
+            weights = _weights_bytes(model)
+            if storage.exists(path) and path not in self._written and not self.owns_directory:
                 self._set_aside(path)
             # The state first, whole, under its temporary name: a weights file
             # under its own name always has its state or this beside it.
             written += [own_state + ".partial", path]
-            with open(own_state + ".partial", "w") as f:
-                json.dump(state, f)
-            os.replace(temporary, path)
+            storage.write_json(own_state + ".partial", state, indent=None)
+            storage.write_bytes(path, weights)
             self._written.add(path)
-            os.replace(own_state + ".partial", own_state)
-            written.append(self.state_path + ".partial")
-            with open(self.state_path + ".partial", "w") as f:
-                json.dump(state, f)
-            os.replace(self.state_path + ".partial", self.state_path)
+            storage.rename(own_state + ".partial", own_state)
+            storage.write_json(self.state_path, state, indent=None)
         except Exception as error:  # OSError, h5py's errors
             for leftover in written:
-                if os.path.lexists(leftover):
-                    try:
-                        os.remove(leftover)
-                    except OSError:
-                        pass
+                try:
+                    storage.remove(leftover)
+                except OSError:
+                    pass
             self._written.discard(path)
-            if os.path.exists(own_state) and not os.path.exists(path):
-                os.remove(own_state)
+            try:
+                if storage.exists(own_state) and not storage.exists(path):
+                    storage.remove(own_state)
+            except OSError:
+                pass
             previous = self.latest_step()
-            cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:200]
+            cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:240]
             fix = ("free space" if out_of_space(error) else
                    f"make {self.directory} writable" if isinstance(error, PermissionError)
                    else "fix the cause")
@@ -201,26 +174,25 @@ class Checkpointer:
         own = [f for f in self._weights_files() if self.owns_directory
                or f in self._written or _step_of(f) <= self._continued_step]
         for old in own[:-self.keep]:
-            os.remove(old)
+            storage.remove(old)
             self._written.discard(old)
             for leftover in (_state_of(old), _state_of(old) + ".partial"):
-                if os.path.lexists(leftover):
-                    os.remove(leftover)
+                storage.remove(leftover)
 
     def _set_aside(self, path):
         """Renames a checkpoint this run did not write (one it could not read,
         newer than the step it resumed from) out of the way, never over it."""
         aside = path + ".unread"
         number = 1
-        while os.path.lexists(aside):
+        while storage.exists(aside):
             number += 1
             aside = f"{path}.unread{number}"
-        os.replace(path, aside)
+        storage.rename(path, aside)
         for own in (_state_of(path), _state_of(path) + ".partial"):
-            if os.path.lexists(own):
-                os.replace(own, own + aside[len(path):])
-        warnings.warn(f"kept the checkpoint {os.path.basename(path)}, which this run did not "
-                      f"write, as {os.path.basename(aside)}.", stacklevel=3)
+            if storage.exists(own):
+                storage.rename(own, own + aside[len(path):])
+        warnings.warn(f"kept the checkpoint {storage.basename(path)}, which this run did not "
+                      f"write, as {storage.basename(aside)}.", stacklevel=3)
 
     def latest_step(self):
         """The step of the latest readable checkpoint, or None."""
@@ -231,9 +203,9 @@ class Checkpointer:
         return None if state is None else state["step"]
 
     def _weights_files(self):
-        pattern = os.path.join(glob.escape(self.directory), "ckpt-*.weights.h5")
-        return sorted(f for f in glob.glob(pattern)
-                      if not f.endswith(".partial.weights.h5"))
+        return [storage.join(self.directory, name) for name in storage.listdir(self.directory)
+                if re.fullmatch(r"ckpt-.*\.weights\.h5", name)
+                and not name.endswith(".partial.weights.h5")]
 
     def latest(self):
         """The saved state (``step``, ``epoch``, ``weights``, ``history`` and,
@@ -259,18 +231,20 @@ class Checkpointer:
         candidates = self._candidates(files)
         newest = candidates[0][1] if candidates else None
         problem = None
-        if os.path.exists(self.state_path):
+        if storage.exists(self.state_path):
             try:
-                with open(self.state_path) as f:
-                    state = json.load(f)
+                state = storage.read_json(self.state_path)
                 if not _is_state(state):
                     raise ValueError("missing or invalid step/epoch/weights")
-                weights = os.path.join(self.directory, state["weights"])
-                if not _regular(weights):
-                    raise ValueError(f"it names {state['weights']}, which is {_kind(weights)}")
+                weights = storage.join(self.directory, state["weights"])
+                if not storage.isfile(weights):
+                    raise ValueError(f"it names {state['weights']}, which is "
+                                     f"{storage.kind(weights)}")
                 if newest is None or state["step"] >= newest["step"]:
                     return state
                 return newest  # saved, but stopped before state.json was updated
+            except storage.StorageError:
+                raise
             except (OSError, ValueError, TypeError) as error:
                 problem = f"is not readable ({error})"
         elif files:
@@ -288,7 +262,7 @@ class Checkpointer:
                 f"state of its own (ckpt-<step>.state.json); nothing was changed there: "
                 f"restore the files, or use a new --model_dir.")
         warnings.warn(f"{self.state_path} {problem}; resuming from "
-                      f"{os.path.basename(candidates[0][0])} (its own state).", stacklevel=2)
+                      f"{storage.basename(candidates[0][0])} (its own state).", stacklevel=2)
         return newest
 
     def _candidates(self, files=None):
@@ -298,17 +272,18 @@ class Checkpointer:
         folder's weights files, when the caller has listed them)."""
         found = []
         for path in reversed(self._weights_files() if files is None else files):
-            if not _regular(path):
-                warnings.warn(f"passed over {path}: it is {_kind(path)}, not a checkpoint "
+            if not storage.isfile(path):
+                warnings.warn(f"passed over {path}: it is {storage.kind(path)}, not a checkpoint "
                               f"this package writes.", stacklevel=3)
                 continue
             for state_path in (_state_of(path), _state_of(path) + ".partial"):
                 try:
-                    with open(state_path) as f:
-                        state = json.load(f)
+                    state = storage.read_json(state_path)
+                except storage.StorageError:
+                    raise
                 except (OSError, ValueError):
                     continue
-                if _is_state(state) and state["weights"] == os.path.basename(path):
+                if _is_state(state) and state["weights"] == storage.basename(path):
                     found.append((path, state))
                     break
         return found
@@ -338,23 +313,25 @@ class Checkpointer:
             return None
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        latest_path = os.path.join(self.directory, state["weights"])
+        latest_path = storage.join(self.directory, state["weights"])
         candidates = [(latest_path, state)] + [
             (path, other) for path, other in self._candidates()
             if path != latest_path and other["step"] < state["step"]]
         skipped = []
         for path, candidate in candidates:
             if not self.same_identity(candidate):
-                skipped.append(f"{os.path.basename(path)} (trained with other flags)")
+                skipped.append(f"{storage.basename(path)} (trained with other flags)")
                 continue
             try:
                 _load_weights(model, path)
+            except storage.StorageError as error:  # the store, not the file
+                raise CheckpointError(f"cannot read {path}: {error.strerror}") from None
             except Exception as error:  # h5py OSError, KeyError, ValueError, ...
-                skipped.append(f"{os.path.basename(path)} ({type(error).__name__})")
+                skipped.append(f"{storage.basename(path)} ({type(error).__name__})")
                 continue
             if skipped:
                 warnings.warn(f"skipped unreadable checkpoint(s) {', '.join(skipped)} in "
-                              f"{self.directory}; resuming from {os.path.basename(path)} "
+                              f"{self.directory}; resuming from {storage.basename(path)} "
                               f"(step {candidate['step']}).", stacklevel=2)
             self._continued_step = int(candidate["step"])
             return candidate
@@ -362,29 +339,32 @@ class Checkpointer:
                               f"{', '.join(skipped)}; use a new --model_dir.")
 
 
-def _save_weights(model, path):
-    """``model.save_weights(path)``, the HDF5 file built in memory and then
-    written by Python: HDF5 cannot recover from a disk that fills up under it
-    (h5py's objects fail to close and the process crashes at exit), while a
-    plain write that fails leaves a clean ``OSError``.  The buffer is the
-    checkpoint's size (about 80 MB for ResNet-1001 with its momentum).
-    Keras's own store takes a buffer; where a Keras version lacks it, the
-    file is written by ``save_weights`` directly."""
+def _weights_bytes(model):
+    """The bytes of ``model.save_weights``'s HDF5 file, built in memory: HDF5
+    cannot recover from a disk that fills up under it (h5py's objects fail
+    to close and the process crashes at exit), while a plain write that
+    fails leaves a clean ``OSError``; and a bucket takes whole objects.  The
+    buffer is the checkpoint's size (about 80 MB for ResNet-1001 with its
+    momentum).  Keras's own store takes a buffer; where a Keras version
+    lacks it, the file is written by ``save_weights`` into a temporary
+    folder and read back."""
     try:
         from keras.src.saving import saving_lib
 
         store = saving_lib.H5IOStore(io.BytesIO(), mode="w")
     except (ImportError, AttributeError, TypeError):
-        model.save_weights(path)
-        return
+        with tempfile.TemporaryDirectory(prefix="keras_identity_") as folder:
+            path = os.path.join(folder, "checkpoint.weights.h5")
+            model.save_weights(path)
+            with open(path, "rb") as f:
+                return f.read()
     buffer = store.path_or_io
     try:
         saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
                                visited_saveables=set())
     finally:
         store.close()
-    with open(path, "wb") as f:
-        f.write(buffer.getbuffer())
+    return buffer.getvalue()
 
 
 def _load_weights(model, path):
@@ -392,13 +372,13 @@ def _load_weights(model, path):
     model's and its optimizer's variables (Keras only warns, loads what
     matches and leaves the rest: another depth's checkpoint would restart the
     schedule with half its state)."""
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, storage.local_copy(path) as local:
         warnings.simplefilter("always")
-        model.load_weights(path)
+        model.load_weights(local)
     for warning in caught:
         text = str(warning.message)
         if "Skipping variable loading" in text or "mismatch" in text.lower():
-            raise ValueError(f"{os.path.basename(path)} does not match the model: "
+            raise ValueError(f"{storage.basename(path)} does not match the model: "
                              f"{' '.join(text.split())[:200]}")
         warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                warning.lineno)
@@ -412,37 +392,11 @@ def _name(step):
     return f"ckpt-{step:09d}.weights.h5"
 
 
-def _regular(path):
-    """Whether ``path`` is a regular file itself (not a link, FIFO, folder)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _kind(path):
-    """What ``path`` is, in words, for a message."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return "missing"
-    if stat.S_ISLNK(mode):
-        target = os.readlink(path)
-        return (f"a symbolic link to {target}" if os.path.exists(path) else
-                f"a symbolic link to {target}, which does not exist")
-    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-                        (stat.S_ISBLK, "a device"), (stat.S_ISREG, "a file")):
-        if test(mode):
-            return words
-    return "not a regular file"
-
-
 def _interrupted(weights_path):
     """Whether the checkpoint ``weights_path`` was cut short while its state
     was written: no state of its own, but the ``.partial`` of one."""
     state = _state_of(weights_path)
-    return not os.path.lexists(state) and os.path.lexists(state + ".partial")
+    return not storage.exists(state) and storage.exists(state + ".partial")
 
 
 def _is_state(state):

@@ -1,15 +1,32 @@
 """One training at a time in a ``model_dir``.
 
 Two trainings writing one directory's checkpoints corrupt each other's runs,
-so :func:`keras_identity.training.train` holds an advisory lock on
-``<model_dir>/.lock`` while it runs.  The lock is the kernel's (``flock``):
-it ends with the process that holds it, so a killed run never leaves it
-behind, and the file itself only names the last holder.  On systems without
-``fcntl`` (Windows) nothing is locked.
+so :func:`keras_identity.training.train` holds a lock on ``<model_dir>/.lock``
+while it runs.
+
+On a local disk the lock is the kernel's (``flock``): it ends with the
+process that holds it, so a killed run never leaves it behind, and the file
+itself only names the last holder.  On systems without ``fcntl`` (Windows)
+nothing is locked.
+
+In a bucket there is no such lock, so the lock is the object itself, made
+with the store's create-if-absent precondition (:func:`storage.create_new`:
+GCS's generation match 0), which exactly one of two runs starting together
+wins.  It is a lease: the run renews it every :data:`RENEW_SECONDS` from a
+thread and deletes it when it ends (also when a stop signal ends it), and a
+lock not renewed for :data:`LEASE_SECONDS` (its machine lost without
+warning) is taken over by the next run, which says so.  The renewal times
+are the holders' clocks.
 """
 
+import json
 import os
 import socket
+import threading
+import time
+import uuid
+
+from keras_identity import storage
 
 try:
     import fcntl
@@ -17,6 +34,12 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 LOCK_FILE = ".lock"
+LEASE_SECONDS = 120.0
+RENEW_SECONDS = 30.0
+
+
+def _holder():
+    return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
 class RunLock:
@@ -26,10 +49,14 @@ class RunLock:
 
     def __init__(self, model_dir):
         self.model_dir = model_dir
-        self.path = os.path.join(model_dir, LOCK_FILE)
+        self.path = storage.join(model_dir, LOCK_FILE)
         self._file = None
+        self._token = None
+        self._stop = None
 
     def acquire(self):
+        if storage.is_remote(self.path):
+            return self._acquire_lease()
         if fcntl is None or self._file is not None:
             return self
         try:
@@ -50,12 +77,66 @@ class RunLock:
                 from None
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.write(f"{_holder()}\n")
         handle.flush()
         self._file = handle
         return self
 
+    def _record(self):
+        return json.dumps({"holder": _holder(), "token": self._token,
+                           "renewed": time.time()}).encode()
+
+    def _acquire_lease(self):
+        if self._token is not None:
+            return self
+        self._token = uuid.uuid4().hex
+        for attempt in range(2):
+            if storage.create_new(self.path, self._record()):
+                break
+            try:
+                held = json.loads(storage.read_bytes(self.path))
+                holder, age = held["holder"], time.time() - float(held["renewed"])
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except (ValueError, KeyError, TypeError):
+                holder, age = "an unreadable lock", LEASE_SECONDS + 1
+            if age <= LEASE_SECONDS or attempt:
+                self._token = None
+                raise ValueError(
+                    f"model_dir={self.model_dir!r} is in use by another training ({holder}, "
+                    f"renewed {max(age, 0):.0f} s ago); wait for it to end, or use a new "
+                    f"--model_dir (a lock not renewed for {LEASE_SECONDS:.0f} s is taken "
+                    f"over).")
+            print(f"taking over the lock {self.path} of {holder}, not renewed for "
+                  f"{age:.0f} s (its machine was lost)")
+            storage.remove(self.path)
+        else:
+            self._token = None
+            raise ValueError(f"model_dir={self.model_dir!r}: the lock {self.path} could not "
+                             f"be taken; run the same command again.")
+        self._stop = threading.Event()
+        threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
+                         name="keras_identity_run_lock").start()
+        return self
+
+    def _renew(self, stop):
+        while not stop.wait(RENEW_SECONDS):
+            try:
+                storage.write_bytes(self.path, self._record())
+            except OSError:  # the next renewal tries again; the lease is long
+                pass
+
     def release(self):
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+            try:
+                held = json.loads(storage.read_bytes(self.path))
+                if held.get("token") == self._token:
+                    storage.remove(self.path)
+            except (OSError, ValueError, AttributeError):
+                pass
+            self._token = None
         if self._file is not None:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()

@@ -18,6 +18,7 @@ import zlib
 import keras
 
 from keras_identity import _checks
+from keras_identity import storage
 from keras_identity.data import arrays
 from keras_identity.data import datasets as datasets_lib
 from keras_identity.data import facts
@@ -125,7 +126,12 @@ class TrainConfig:
             raise
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if not self.model_dir:
+        if self.model_dir:
+            try:
+                storage.check_path(self.model_dir)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        else:
             self.model_dir = os.path.join(
                 "runs", f"{self.model}{self.resolved_depth or ''}_{self.dataset}")
         return self
@@ -437,13 +443,14 @@ def differences(before, now):
 def _read_run_file(path):
     """``run.json``'s contents, or the reason it cannot be used."""
     try:
-        with open(path) as f:
-            saved = json.load(f)
+        saved = storage.read_json(path)
         if not isinstance(saved, dict) or not isinstance(saved.get("identity"), dict):
             raise KeyError("identity")
         return saved, None
     except (FileNotFoundError, NotADirectoryError):
         return None, "is missing"
+    except storage.StorageError:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as error:
         return None, f"is not readable ({type(error).__name__})"
 
@@ -460,8 +467,8 @@ def check_identity(model_dir, identity, state):
     replaced by the checkpoint's record.  Checkpoints with no record of
     their flags are refused, never trained over.
     """
-    path = os.path.join(model_dir, RUN_FILE)
-    checkpoint = None if state is None else os.path.join(model_dir, "checkpoints",
+    path = storage.join(model_dir, RUN_FILE)
+    checkpoint = None if state is None else storage.join(model_dir, "checkpoints",
                                                          state["weights"])
     saved, problem = _read_run_file(path)
     if saved is not None:
@@ -499,23 +506,6 @@ def check_identity(model_dir, identity, state):
                              f"was changed: move it (and checkpoints/state.json) away, or use a "
                              f"new --model_dir.")
     return saved
-
-
-def check_writable(directory, name="model_dir"):
-    """Creates ``directory`` if needed and writes a file into it; raises
-    ``ValueError`` in one line when it cannot (``name``: the flag, or the
-    folder's role, the line names)."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        # One name per process: two runs starting together never share it.
-        probe = os.path.join(directory, f".write_test.{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as error:
-        raise ValueError(f"{name}={directory!r} is not a writable directory "
-                         f"({error.strerror or type(error).__name__}); the run writes there: "
-                         f"make it writable, or use a new --model_dir.") from None
 
 
 def set_op_determinism(enabled):
@@ -667,7 +657,7 @@ def prepare(config, strategy=None):
         elif scratch:
             work_dir = None  # the scratch folder, made once nothing can fail
         else:
-            work_dir = os.path.join(config.model_dir,
+            work_dir = storage.join(config.model_dir,
                                     f".worker{strategy.cluster_resolver.task_id}")
         data = load_data(config)
         recipe = config.get_recipe()
@@ -689,18 +679,19 @@ def prepare(config, strategy=None):
         check_distributed_step(config, strategy, steps_per_execution)
         identity = run_identity(config, data, recipe, schedule, normalization, augmentation)
         checkpointer = checkpoints.Checkpointer(
-            os.path.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints,
+            storage.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints,
             identity=identity)
         strategies.check_same_in_processes(
-            strategy, zlib.crc32(os.path.normpath(config.model_dir).encode()),
+            strategy, zlib.crc32(storage.normalize(config.model_dir).encode()),
             "--model_dir (a digest of the path)")
+        if not scratch:  # a missing bucket or no permission: said before anything is read
+            storage.check_writable(config.model_dir)
         state = checkpointer.latest()
         saved = check_identity(config.model_dir, identity, state) or {}
         length = saved.get("length", {})
-        if not scratch:
-            check_writable(config.model_dir)
-            if os.path.isdir(checkpointer.directory):
-                check_writable(checkpointer.directory, "the checkpoint folder")
+        if not scratch and storage.isdir(checkpointer.directory) \
+                and not storage.is_remote(checkpointer.directory):
+            storage.check_writable(checkpointer.directory, "the checkpoint folder")
         if chief:
             lock = run_lock.RunLock(config.model_dir).acquire()
         strategies.check_same_in_processes(
@@ -727,10 +718,12 @@ def prepare(config, strategy=None):
             lock.release()
         if isinstance(error, ValueError) and not isinstance(error, ConfigError):
             raise ConfigError(str(error)) from None
+        if isinstance(error, storage.StorageError):
+            raise ConfigError(error.strerror) from None
         raise
     if work_dir is None:
         work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
-    os.makedirs(work_dir, exist_ok=True)
+    storage.makedirs(work_dir)
     return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
                recipe=recipe, schedule=schedule, normalization=normalization,
                augmentation=augmentation, checkpointer=checkpointer, state=state,
@@ -779,21 +772,32 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_st
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         elif start_step >= end_step:
             print_fn(f"the run is already complete ({start_step} steps)")
-        partial = os.path.join(work_dir, "model.partial.keras")  # renamed when whole
-        model.save(partial)
-        os.replace(partial, os.path.join(work_dir, "model.keras"))
+        save_model(model, storage.join(work_dir, "model.keras"))
     except OSError as error:  # the history, curves, TensorBoard or model files
-        if not checkpoints.out_of_space(error):
+        if not (checkpoints.out_of_space(error) or isinstance(error, storage.StorageError)):
             raise
+        fix = "free space" if checkpoints.out_of_space(error) else "fix the cause"
         raise checkpoints.WriteError(
             f"cannot write into {work_dir} ({error.strerror or error}); the checkpoint of "
-            f"step {run.checkpointer.latest_step()} is intact: free space and run the same "
+            f"step {run.checkpointer.latest_step()} is intact: {fix} and run the same "
             f"command to resume") from None
     except Exception as error:  # an image that stops the input stream, named in one line
         data_error = datasets_lib.as_data_error(error)
         if data_error is None:
             raise
         raise ConfigError(str(data_error)) from None
+
+
+def save_model(model, path):
+    """``model.save(path)`` whole: locally under a temporary name renamed
+    when written; into a bucket from a local file once it is written."""
+    if storage.is_remote(path):
+        with storage.staged(path) as local:
+            model.save(local)
+        return
+    partial = path[:-len(".keras")] + ".partial.keras"
+    model.save(partial)
+    os.replace(partial, path)
 
 
 def _train(run, print_fn, started):
@@ -824,14 +828,13 @@ def _train(run, print_fn, started):
     # Written once the model is built and restored: a configuration the
     # builder refuses leaves no run behind.
     if chief:
-        checkpoints.write_json(os.path.join(model_dir, "config.json"),
-                               dataclasses.asdict(config))
-        checkpoints.write_json(os.path.join(model_dir, RUN_FILE), {
+        storage.write_json(storage.join(model_dir, "config.json"), dataclasses.asdict(config))
+        storage.write_json(storage.join(model_dir, RUN_FILE), {
             "identity": run.identity,
             "length": {"total_steps": schedule.total_steps, "epochs": schedule.epochs},
             "backend": keras.backend.backend()})
         normalization_lib.save_preprocessing(
-            os.path.join(model_dir, "preprocessing.json"), dataset=config.dataset,
+            storage.join(model_dir, "preprocessing.json"), dataset=config.dataset,
             normalization=normalization, image_shape=data.image_shape,
             class_names=data.class_names,
             eval_resize={224: 256, 320: 320}.get(config.eval_crop)
@@ -898,7 +901,7 @@ def _train(run, print_fn, started):
     title = f"{model.name} on {data.name} ({recipe.name} recipe)"
     recorder = callbacks_lib.RunRecorder(
         checkpointer=checkpointer if chief else checkpoints.Checkpointer(
-            os.path.join(work_dir, "checkpoints"), keep=1, owns_directory=True),
+            storage.join(work_dir, "checkpoints"), keep=1, owns_directory=True),
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         steps_per_epoch=schedule.steps_per_epoch,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
@@ -913,12 +916,12 @@ def _train(run, print_fn, started):
         # beside the next step.
         callbacks.insert(1, callbacks_lib.StopAtStep(end_step))
     if not run.scratch:
-        callbacks.append(callbacks_lib.tensorboard(os.path.join(work_dir, "tensorboard")))
+        callbacks += callbacks_lib.tensorboard(storage.join(work_dir, "tensorboard"))
     # Last: a signal during an epoch's last call or its evaluation stops the
     # run once the epoch's checkpoint and logs are written.
     callbacks.append(preemption.InEpochCheckpoints(
         strategy, signals, schedule.steps_per_epoch, every_steps, every_seconds))
-    model_path = os.path.join(model_dir, "model.keras")
+    model_path = storage.join(model_dir, "model.keras")
     try:
         with signals:
             _fit_and_save(model, make_train, eval_ds, callbacks, run, start_step, end_step,
@@ -928,6 +931,9 @@ def _train(run, print_fn, started):
         strategies.barrier(strategy, "keras_identity_training_done")
     finally:
         preemption.close_stream(eval_ds)
+        for callback in callbacks:
+            if isinstance(callback, callbacks_lib.UploadLogs):
+                callback.finish()
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,
               "steps": int(model.optimizer.iterations.numpy()),

@@ -1,4 +1,4 @@
-"""keras_identity.training.checkpoints: files written whole."""
+"""keras_identity.training.checkpoints (and the file layer under it): files written whole."""
 
 import pytest
 
@@ -6,10 +6,10 @@ import pytest
 def test_write_json_is_whole_or_absent_and_valid_json(tmp_path, monkeypatch):
     import json
 
-    from keras_identity.training import checkpoints
+    from keras_identity import storage
 
     path = str(tmp_path / "history.json")
-    checkpoints.write_json(path, [{"loss": float("nan"), "test_error": float("inf"),
+    storage.write_json(path, [{"loss": float("nan"), "test_error": float("inf"),
                                    "step": 3}])
     text = open(path).read()
     assert "NaN" not in text and "Infinity" not in text
@@ -18,9 +18,9 @@ def test_write_json_is_whole_or_absent_and_valid_json(tmp_path, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(json, "dump", full_disk)
+    monkeypatch.setattr(json, "dumps", full_disk)
     with pytest.raises(OSError):
-        checkpoints.write_json(path, {"step": 4})
+        storage.write_json(path, {"step": 4})
     monkeypatch.undo()
     assert json.loads(open(path).read())[0]["step"] == 3   # the previous file, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.json"]

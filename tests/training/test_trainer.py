@@ -446,15 +446,15 @@ def test_an_empty_test_set_is_refused_before_training(tmp_path):
 def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     import errno
 
+    from keras_identity import storage
     from keras_identity.training import WriteError
-    from keras_identity.training import checkpoints
 
     train(_small(tmp_path, epochs=1), quiet)
     checkpoint_dir = tmp_path / "run" / "checkpoints"
     before = sorted(os.listdir(checkpoint_dir))
     # Too little space: refused before HDF5 touches the disk.
-    usage = checkpoints.shutil.disk_usage(str(checkpoint_dir))
-    monkeypatch.setattr(checkpoints.shutil, "disk_usage",
+    usage = storage.shutil.disk_usage(str(checkpoint_dir))
+    monkeypatch.setattr(storage.shutil, "disk_usage",
                         lambda path: usage._replace(free=300 * 1024))
     with pytest.raises(WriteError) as error:
         train(_small(tmp_path, epochs=2), quiet)
@@ -466,11 +466,14 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
 
     # The disk fills up while the weights are written: no partial file stays
     # behind (a real disk: tests/training/test_run_files.py).
-    def full(model, path):
-        open(path, "wb").write(b"\0" * 100)
-        raise OSError(errno.ENOSPC, "No space left on device")
+    replace = os.replace
 
-    monkeypatch.setattr(checkpoints, "_save_weights", full)
+    def full(source, target):
+        if target.endswith(".weights.h5"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(storage.os, "replace", full)
     with pytest.raises(WriteError, match="step 4 is intact"):
         train(_small(tmp_path, epochs=2), quiet)
     assert sorted(os.listdir(checkpoint_dir)) == before

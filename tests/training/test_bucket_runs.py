@@ -1,0 +1,297 @@
+"""Runs whose ``--model_dir`` is a bucket (``gs://``, a local GCS emulator:
+the ``gcs_emulator`` fixture): every file in the bucket and nothing on the
+machine's disk, resumed on a fresh machine (a new working directory and
+temporary folder) equal to an uninterrupted run, a damaged index passed
+over as on a local disk, one run at a time, and a missing bucket in one
+line.  On the backend the leg runs (TensorFlow, or JAX with and without
+TensorFlow installed)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_identity import storage
+from keras_identity.training import ConfigError
+from keras_identity.training import TrainConfig
+from keras_identity.training import run_lock
+from keras_identity.training import train
+from tests.backend import jax_only
+from tests.programs import LineWatch
+from tests.programs import error_lines
+
+FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=4",
+         "--train_examples=512", "--test_examples=96", "--verbose=0", "--seed=3",
+         "--steps_per_execution=1"]
+
+# What a finished run keeps (TensorBoard's event files are named by time and host).
+RUN_FILES = ["checkpoints/ckpt-000000008.state.json", "checkpoints/ckpt-000000008.weights.h5",
+             "checkpoints/ckpt-000000012.state.json", "checkpoints/ckpt-000000012.weights.h5",
+             "checkpoints/state.json", "config.json", "curves.png", "history.csv",
+             "history.json", "model.keras", "preprocessing.json", "run.json"]
+
+
+def _machine(tmp_path, name):
+    """A fresh working directory and temporary folder (a new VM's)."""
+    cwd, tmp = tmp_path / name / "cwd", tmp_path / name / "tmp"
+    cwd.mkdir(parents=True)
+    tmp.mkdir()
+    return cwd, tmp
+
+
+def _env(gcs_emulator, tmp):
+    env = dict(os.environ, STORAGE_EMULATOR_HOST=gcs_emulator.url, TMPDIR=str(tmp),
+               PYTHONUNBUFFERED="1", KERAS_BACKEND=keras.backend.backend())
+    for name in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
+        env.pop(name, None)   # the one variable is enough
+    return env
+
+
+def _command(model_dir, *extra):
+    return [sys.executable, "-m", "keras_identity_cli.train", *FLAGS,
+            f"--model_dir={model_dir}", *extra]
+
+
+def _train(gcs_emulator, machine, model_dir, *extra):
+    cwd, tmp = machine
+    return subprocess.run(_command(model_dir, *extra), cwd=cwd, env=_env(gcs_emulator, tmp),
+                          capture_output=True, text=True, timeout=600)
+
+
+def _local_files(machine):
+    """The files a run left on the machine (its working directory and
+    temporary folder), but the JAX compilation cache's."""
+    return sorted(os.path.relpath(os.path.join(root, n), folder)
+                  for folder in machine for root, _, names in os.walk(folder)
+                  for n in names)
+
+
+def _losses(model_dir):
+    return [[row["loss"], row["test_loss"], row["test_error"]]
+            for row in storage.read_json(storage.join(model_dir, "history.json"))]
+
+
+@pytest.fixture(scope="module")
+def straight(gcs_emulator, tmp_path_factory):
+    """A 12-step run (3 epochs) in the bucket, uninterrupted, and what it left
+    on its machine."""
+    model_dir = gcs_emulator("straight")
+    machine = _machine(tmp_path_factory.mktemp("straight"), "vm")
+    done = _train(gcs_emulator, machine, model_dir, "--train_steps=12")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return model_dir, machine, done
+
+
+def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(straight):
+    model_dir, machine, done = straight
+    files = storage.list_files(model_dir)
+    assert [f for f in files if not f.startswith("tensorboard/")] == RUN_FILES
+    runs = {f.split("/")[1] for f in files if f.startswith("tensorboard/")}
+    assert runs == {"train", "validation"}
+    assert _local_files(machine) == []          # no `gs:` folder, no staging left behind
+    assert f"model saved to {model_dir}/model.keras" in done.stdout
+    assert storage.read_json(storage.join(model_dir, "checkpoints", "state.json"))["step"] == 12
+    assert len(_losses(model_dir)) == 3
+
+
+def test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted(
+        gcs_emulator, straight, tmp_path):
+    model_dir = gcs_emulator("stopped")
+    cwd, tmp = first = _machine(tmp_path, "first")
+    proc = subprocess.Popen(_command(model_dir, "--train_steps=12"), cwd=cwd,
+                            env=_env(gcs_emulator, tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 75, proc.stderr.read()[-3000:]
+    stopped = [line for line in proc.stderr.read().splitlines()
+               if line.startswith("stopped by SIGTERM")]
+    assert len(stopped) == 1 and model_dir in stopped[0], stopped
+    assert _local_files(first) == []
+    # The lock went with the run; a new machine resumes from the bucket alone.
+    assert not storage.exists(storage.join(model_dir, ".lock"))
+    second = _machine(tmp_path, "second")
+    done = _train(gcs_emulator, second, model_dir, "--train_steps=12")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming from the checkpoint at step" in done.stdout
+    assert _losses(model_dir) == _losses(straight[0])
+    assert _local_files(second) == []
+
+
+def test_a_second_run_on_the_same_bucket_directory_is_refused_in_one_line(
+        gcs_emulator, tmp_path):
+    model_dir = gcs_emulator("locked")
+    lock = run_lock.RunLock(model_dir).acquire()
+    try:
+        # A second holder is refused, also in this process.
+        with pytest.raises(ValueError, match="is in use by another training"):
+            run_lock.RunLock(model_dir).acquire()
+        refused = _train(gcs_emulator, _machine(tmp_path, "vm"), model_dir, "--train_steps=4")
+    finally:
+        lock.release()
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    lines = error_lines(refused.stderr)
+    assert len(lines) == 1 and "is in use by another training" in lines[0], refused.stderr
+    assert not storage.exists(storage.join(model_dir, ".lock"))   # released
+    assert storage.list_files(model_dir) == []
+
+
+def test_a_lock_left_by_a_lost_machine_is_taken_over_after_its_lease(gcs_emulator,
+                                                                     monkeypatch):
+    model_dir = gcs_emulator("lost")
+    storage.write_json(storage.join(model_dir, ".lock"),
+                       {"holder": "pid 1 on lost-vm", "token": "x", "renewed": 0})
+    lock = run_lock.RunLock(model_dir).acquire()
+    try:
+        assert storage.read_json(storage.join(model_dir, ".lock"))["token"] == lock._token
+    finally:
+        lock.release()
+    assert not storage.exists(storage.join(model_dir, ".lock"))
+
+
+def test_a_missing_bucket_is_one_line_and_leaves_nothing(gcs_emulator, tmp_path):
+    machine = _machine(tmp_path, "vm")
+    refused = _train(gcs_emulator, machine, "gs://no-such-bucket-kid/run", "--train_steps=4")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    lines = error_lines(refused.stderr)
+    assert len(lines) == 1 and "the bucket gs://no-such-bucket-kid does not exist" in lines[0]
+    assert _local_files(machine) == []
+
+
+# --- a damaged index in the bucket (tests/training/test_run_files.py's cases) --
+
+
+def _config(model_dir, **kwargs):
+    base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
+                epochs=2, batch_size=64, verbose=0, seed=1, deterministic=True,
+                keep_checkpoints=2, model_dir=str(model_dir))
+    base.update(kwargs)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def two_epochs(gcs_emulator, tmp_path_factory):
+    """A finished 2-epoch run (checkpoints at steps 4 and 8) on a local disk,
+    and the same run trained straight through 3 epochs."""
+    root = tmp_path_factory.mktemp("runs")
+    train(_config(root / "two"), lambda *_: None)
+    return root / "two", train(_config(root / "straight", epochs=3), lambda *_: None)
+
+
+def _edit(path, **changes):
+    storage.write_json(path, {**storage.read_json(path), **changes})
+
+
+def _garble(path):
+    storage.write_bytes(path, b'{"step": ')
+
+
+def _killed_while_its_state_was_written(run, cut_short):
+    directory = storage.join(run, "checkpoints")
+    for name in ("ckpt-000000008.weights.h5", "ckpt-000000008.state.json", "state.json"):
+        storage.remove(storage.join(directory, name))
+    own = storage.join(directory, "ckpt-000000004.state.json")
+    text = storage.read_bytes(own)
+    storage.remove(own)
+    storage.write_bytes(own + ".partial", text[:20] if cut_short else text)
+
+
+BUCKET_DAMAGE = {
+    "state.json deleted": (lambda run: storage.remove(
+        storage.join(run, "checkpoints/state.json")), 8),
+    "state.json garbled": (lambda run: _garble(storage.join(run, "checkpoints/state.json")), 8),
+    "run.json garbled": (lambda run: _garble(storage.join(run, "run.json")), 8),
+    "step 64 edited to 80": (lambda run: [_edit(storage.join(run, "checkpoints", name), step=80)
+                                          for name in ("state.json",
+                                                       "ckpt-000000008.state.json")], 4),
+    "index names a missing step": (lambda run: _edit(
+        storage.join(run, "checkpoints/state.json"), step=999_999_999,
+        weights="ckpt-999999999.weights.h5"), 8),
+    "killed while its state was written": (
+        lambda run: _killed_while_its_state_was_written(run, False), 4),
+    "killed while its state was written, cut short": (
+        lambda run: _killed_while_its_state_was_written(run, True), None),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BUCKET_DAMAGE))
+def test_a_damaged_index_in_a_bucket_is_passed_over_and_the_run_ends_as_uninterrupted(
+        gcs_emulator, two_epochs, damage):
+    finished, straight_run = two_epochs
+    run = gcs_emulator("damaged")
+    storage.upload_tree(str(finished), run)
+    harm, resumed_at = BUCKET_DAMAGE[damage]
+    harm(run)
+    lines = []
+    with pytest.warns(UserWarning):
+        result = train(_config(run, epochs=3), lines.append)
+    resumed = [line for line in lines if line.startswith("resuming from")]
+    assert resumed == ([] if resumed_at is None else [
+        f"resuming from the checkpoint at step {resumed_at} (end of epoch "
+        f"{resumed_at // 4}) in {run}/checkpoints"]), lines
+    assert [r["loss"] for r in result["history"]] == [r["loss"] for r in straight_run["history"]]
+    with storage.local_copy(result["model_path"]) as local:
+        ours = keras.models.load_model(local).get_weights()
+    reference = keras.models.load_model(straight_run["model_path"]).get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(ours, reference))
+
+
+def test_a_checkpoint_from_a_run_with_other_flags_in_a_bucket_is_refused(gcs_emulator,
+                                                                        two_epochs):
+    run = gcs_emulator("other")
+    storage.upload_tree(str(two_epochs[0]), run)
+    before = {f: storage.read_bytes(storage.join(run, f)) for f in storage.list_files(run)}
+    with pytest.raises(ConfigError, match=r"other flags .*learning_rate: 0.05 != 0.02"):
+        train(_config(run, epochs=3, learning_rate=0.02), lambda *_: None)
+    after = {f: storage.read_bytes(storage.join(run, f)) for f in storage.list_files(run)}
+    assert after == before
+
+
+# --- two JAX processes, one run in a bucket ------------------------------------
+
+
+@jax_only
+def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
+        gcs_emulator, tmp_path):
+    from tests.training.test_jax_processes import _port
+
+    def pair(model_dir, name):
+        port = _port()
+        machines = [_machine(tmp_path, f"{name}{i}") for i in range(2)]
+        return [subprocess.Popen(
+            _command(model_dir, "--train_steps=16", "--checkpoint_every=epoch",
+                     f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                     f"--process_id={i}"),
+            cwd=machines[i][0], env=_env(gcs_emulator, machines[i][1]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)], machines
+
+    straight_dir = gcs_emulator("pair-straight")
+    procs, _ = pair(straight_dir, "s")
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+
+    model_dir = gcs_emulator("pair")
+    procs, machines = pair(model_dir, "a")
+    assert LineWatch(procs[0].stdout, "epoch 1 ").wait(300)
+    procs[1].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=120) for p in procs]
+    errs = [p.stderr.read() for p in procs]
+    assert codes == [75, 75], errs[0][-2000:] + errs[1][-2000:]
+    for machine in machines:
+        assert _local_files(machine) == []
+    procs, machines = pair(model_dir, "b")
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    assert "resuming from the checkpoint at step" in outputs[0][0]
+    for a, b in zip(_losses(straight_dir), _losses(model_dir)):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert len(_losses(model_dir)) == 4
+    for machine in machines:
+        assert _local_files(machine) == []
+    assert json.loads(storage.read_bytes(storage.join(model_dir, "run.json")))["backend"] == "jax"
