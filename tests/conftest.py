@@ -74,3 +74,129 @@ def pytest_collection_modifyitems(config, items):
     keep = [item for item in items if item.get_closest_marker("core_leg")]
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
     items[:] = keep
+
+
+# --- A local GCS emulator ------------------------------------------------------
+# `gcs_emulator` (session): tests/gcs_emulator.py (gcp-storage-emulator, in
+# memory, with GCS's generation preconditions) in a subprocess on a free port,
+# with STORAGE_EMULATOR_HOST pointing keras_identity.storage (gcsfs) at it for
+# the session.  Calling it gives a fresh gs://BUCKET/PREFIX for one test.
+# Skipped where gcp-storage-emulator or gcsfs is not installed.
+
+_EMULATOR_VARIABLES = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+                       "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+
+
+class GcsEmulator:
+    """A running emulator: ``url``, ``bucket``; ``emulator()`` (or
+    ``emulator("name")``) gives a new ``gs://BUCKET/PREFIX`` no other test uses."""
+
+    def __init__(self, url, bucket):
+        self.url = url
+        self.bucket = bucket
+        self._count = 0
+
+    def __call__(self, name="t"):
+        import uuid
+
+        self._count += 1
+        return f"gs://{self.bucket}/{name}-{self._count}-{uuid.uuid4().hex[:8]}"
+
+
+def _forget_store_clients():
+    """Drops the gcsfs clients made so far: they keep the endpoint (and
+    credentials) they were made with."""
+    from keras_identity import storage
+
+    storage._FILESYSTEMS.clear()
+    try:
+        import gcsfs
+    except ImportError:
+        return
+    gcsfs.GCSFileSystem.clear_instance_cache()
+
+
+def _start_emulator(log_path, bucket, attempts=3):
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    script = os.path.join(REPO, "tests", "gcs_emulator.py")
+    for _ in range(attempts):
+        with socket.socket() as probe:  # a free port (another process may take it first: retried)
+            probe.bind(("localhost", 0))
+            port = probe.getsockname()[1]
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, script, f"--port={port}", f"--bucket={bucket}"], stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_with_parent if sys.platform.startswith("linux") else None)
+        url = f"http://localhost:{port}"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                with urllib.request.urlopen(url + "/", timeout=1) as answer:
+                    if answer.status == 200:
+                        return process, url
+            except OSError:
+                time.sleep(0.05)
+        _stop_emulator(process)
+    with open(log_path, errors="replace") as log:
+        tail = log.read()[-2000:]
+    raise RuntimeError(f"the GCS emulator (tests/gcs_emulator.py) did not answer within 15 s; "
+                       f"its output ({log_path}):\n{tail}")
+
+
+def _with_parent():
+    """The emulator ends with the test process, even one killed before its
+    fixtures' teardown (Linux: PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_emulator(process):
+    import subprocess
+
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    import importlib.util
+
+    for module, package in (("gcp_storage_emulator", "gcp-storage-emulator"),
+                            ("gcsfs", "gcsfs")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"the GCS emulator tests need {package}, which is not installed "
+                        f"(pip install -e '.[test]' gcsfs)")
+    bucket = "keras-identity-tests"
+    log_path = tmp_path_factory.mktemp("gcs_emulator") / "emulator.log"
+    process, url = _start_emulator(log_path, bucket)
+    saved = {name: os.environ.get(name) for name in _EMULATOR_VARIABLES}
+    for name in _EMULATOR_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    _forget_store_clients()
+    try:
+        yield GcsEmulator(url, bucket)
+    finally:
+        _forget_store_clients()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _stop_emulator(process)

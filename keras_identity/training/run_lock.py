@@ -98,17 +98,19 @@ class RunLock:
                 holder, age = held["holder"], time.time() - float(held["renewed"])
             except FileNotFoundError:
                 continue  # released meanwhile
-            except (ValueError, KeyError, TypeError):
-                holder, age = "an unreadable lock", LEASE_SECONDS + 1
-            if age <= LEASE_SECONDS or attempt:
+            except (ValueError, KeyError, TypeError):  # a local run's lock, copied up
+                holder, age = None, None
+            if attempt or (age is not None and age <= LEASE_SECONDS):
                 self._token = None
                 raise ValueError(
                     f"model_dir={self.model_dir!r} is in use by another training ({holder}, "
-                    f"renewed {max(age, 0):.0f} s ago); wait for it to end, or use a new "
+                    f"renewed {max(age or 0, 0):.0f} s ago); wait for it to end, or use a new "
                     f"--model_dir (a lock not renewed for {LEASE_SECONDS:.0f} s is taken "
                     f"over).")
-            print(f"taking over the lock {self.path} of {holder}, not renewed for "
-                  f"{age:.0f} s (its machine was lost)")
+            print(f"taking over the lock {self.path}: " + (
+                f"{holder} has not renewed it for {age:.0f} s (its machine was lost)"
+                if holder else "it is not a lease this package writes (a local run's lock "
+                               "copied into the bucket)"))
             storage.remove(self.path)
         else:
             self._token = None

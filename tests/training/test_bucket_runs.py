@@ -295,3 +295,40 @@ def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
     for machine in machines:
         assert _local_files(machine) == []
     assert json.loads(storage.read_bytes(storage.join(model_dir, "run.json")))["backend"] == "jax"
+
+
+def test_a_store_lost_during_a_checkpoint_is_one_line_and_the_one_before_is_intact(
+        gcs_emulator, two_epochs, monkeypatch):
+    from keras_identity.training import WriteError
+
+    run = gcs_emulator("lost-network")
+    storage.upload_tree(str(two_epochs[0]), run)
+    before = {f: storage.read_bytes(storage.join(run, f)) for f in storage.list_files(run)}
+    store = storage._filesystem("gs")
+    pipe_file = store.pipe_file
+
+    def dropped(path, *args, **kwargs):
+        if path.endswith(".weights.h5"):
+            raise ConnectionError("Cannot connect to host localhost:1 ssl:default "
+                                  "[Connection refused]")
+        return pipe_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(store, "pipe_file", dropped)
+    with pytest.raises(WriteError) as error:
+        train(_config(run, epochs=3), lambda *_: None)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot write the checkpoint of step 12 into {run}/checkpoints "
+                              f"(writing {run}/checkpoints/ckpt-000000012.weights.h5 failed: "
+                              f"the store cannot be reached"), message
+    assert "the checkpoint of step 8 is intact" in message
+    monkeypatch.undo()
+    after = {f: storage.read_bytes(storage.join(run, f)) for f in storage.list_files(run)}
+    del before[".lock"]   # the local run's lock, copied up: taken over and released
+
+    def checkpoints(files):
+        return {f: v for f, v in files.items() if f.startswith("checkpoints/")}
+
+    # Nothing of the checkpoints was lost, and no partial objects were left.
+    assert checkpoints(after) == checkpoints(before)
+    assert [f for f in set(after) - set(before) if not f.startswith("tensorboard/")] == []

@@ -1,0 +1,461 @@
+"""keras_identity.storage on a local folder and in a bucket (a local GCS
+emulator with GCS's preconditions: tests/gcs_emulator.py, the `gcs_emulator`
+fixture of tests/conftest.py; the bucket's cases are skipped where
+gcp-storage-emulator or gcsfs is not installed)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from keras_identity import storage
+
+MISSING_BUCKET = "gs://nobucket-xyz"
+
+
+@pytest.fixture(params=["local", "gcs"])
+def root(request, tmp_path):
+    """A fresh, empty folder: a local one, or a prefix in the emulator's bucket."""
+    if request.param == "local":
+        return str(tmp_path / "run")
+    return request.getfixturevalue("gcs_emulator")()
+
+
+@pytest.fixture
+def bucket_root(gcs_emulator):
+    return gcs_emulator()
+
+
+def _write_files(base, files):
+    for relative, data in files.items():
+        path = os.path.join(base, *relative.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+# --- Paths ------------------------------------------------------------------------
+
+
+def test_path_helpers():
+    assert storage.scheme("gs://b/x") == "gs"
+    assert storage.scheme("S3://b/x") == "s3"
+    assert storage.scheme("/tmp/run") is None
+    assert storage.scheme("file:///tmp/run") is None
+    assert storage.is_remote("gs://b/run") and not storage.is_remote("relative/run")
+    assert storage.join("gs://b/run", "ckpt", "a.json") == "gs://b/run/ckpt/a.json"
+    assert storage.join("run", "a.json") == os.path.join("run", "a.json")
+    assert storage.basename("gs://b/run/ckpt/") == "ckpt"
+    assert storage.dirname("gs://b/run/ckpt/") == "gs://b/run"
+    assert storage.normalize("GS://b//run/./x/../y") == "gs://b/run/y"
+    assert storage.bucket_of("gs://b/run/x") == "gs://b"
+
+
+def test_check_path_refuses_other_schemes_and_a_missing_bucket():
+    with pytest.raises(ValueError, match=r"model_dir='ftp://x/y': ftp:// is not a store") as info:
+        storage.check_path("ftp://x/y")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=r"export_dir='ftp://x/y'"):
+        storage.check_path("ftp://x/y", name="export_dir")
+    with pytest.raises(ValueError, match=r"model_dir='gs:///nobucket' names no bucket"):
+        storage.check_path("gs:///nobucket")
+    storage.check_path("/tmp/some/run")
+    storage.check_path("relative/run")
+
+
+def test_check_path_accepts_a_bucket(gcs_emulator):
+    # With the emulator: no credentials looked for (a lookup can take 15 s
+    # where a metadata server half answers).
+    storage.check_path("gs://some-bucket/run")
+    storage.check_path(gcs_emulator(), name="export_dir")
+
+
+# --- Environment ------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_environment(monkeypatch):
+    for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+                 "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_environment_points_tensorstore_at_the_emulator(clean_environment):
+    clean_environment.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
+    storage._configure_environment()
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://localhost:4443"
+    assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
+    assert os.environ["EPATH_USE_TF"] == "false"
+
+
+def test_environment_keeps_the_users_own_values(clean_environment):
+    clean_environment.setenv("STORAGE_EMULATOR_HOST", "http://localhost:4443")
+    clean_environment.setenv("TENSORSTORE_GCS_HTTP_URL", "http://elsewhere:9000")
+    clean_environment.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "true")
+    clean_environment.setenv("EPATH_USE_TF", "true")
+    storage._configure_environment()
+    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://elsewhere:9000"
+    assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "true"
+    assert os.environ["EPATH_USE_TF"] == "true"
+
+
+@pytest.mark.parametrize("value", ["", "default"])
+def test_environment_without_an_emulator(clean_environment, value):
+    clean_environment.setenv("STORAGE_EMULATOR_HOST", value)
+    storage._configure_environment()
+    assert "TENSORSTORE_GCS_HTTP_URL" not in os.environ
+    assert "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT" not in os.environ
+    assert os.environ["EPATH_USE_TF"] == "false"
+
+
+def test_environment_is_set_when_the_module_is_imported(tmp_path):
+    """In a new process (the module alone, by its file: no Keras to import)."""
+    environment = {k: v for k, v in os.environ.items()
+                   if k not in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                                "EPATH_USE_TF")}
+    environment["STORAGE_EMULATOR_HOST"] = "http://localhost:4443"
+    program = ("import importlib.util, json, os, sys\n"
+               "spec = importlib.util.spec_from_file_location('s', sys.argv[1])\n"
+               "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+               "print(json.dumps({k: os.environ.get(k) for k in ('TENSORSTORE_GCS_HTTP_URL',"
+               " 'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'EPATH_USE_TF')}))\n")
+    output = subprocess.run([sys.executable, "-c", program, storage.__file__], env=environment,
+                            capture_output=True, text=True, check=True, timeout=60).stdout
+    assert json.loads(output) == {"TENSORSTORE_GCS_HTTP_URL": "http://localhost:4443",
+                                  "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+                                  "EPATH_USE_TF": "false"}
+
+
+# --- Reading and writing ------------------------------------------------------------
+
+
+def test_bytes_text_and_json_round_trip(root):
+    storage.makedirs(root)
+    path = storage.join(root, "a.bin")
+    storage.write_bytes(path, b"\x00\x01first")
+    assert storage.read_bytes(path) == b"\x00\x01first"
+    storage.write_bytes(path, bytearray(b"second"))
+    assert storage.read_bytes(path) == b"second"
+    storage.write_text(storage.join(root, "t.txt"), "héllo")
+    assert storage.read_text(storage.join(root, "t.txt")) == "héllo"
+    record = storage.join(root, "record.json")
+    storage.write_json(record, {"loss": math.nan, "best": [1.5, math.inf, (2, -math.inf)],
+                                "nested": {"x": math.nan, "name": "run"}})
+    assert storage.read_json(record) == {"loss": None, "best": [1.5, None, [2, None]],
+                                         "nested": {"x": None, "name": "run"}}
+    assert "NaN" not in storage.read_text(record)
+    # Nothing but the files themselves (no temporary file left beside them).
+    assert storage.listdir(root) == ["a.bin", "record.json", "t.txt"]
+
+
+def test_reading_a_missing_file_is_file_not_found(root):
+    storage.makedirs(root)
+    path = storage.join(root, "missing.json")
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes(path)
+    assert not isinstance(_raised(storage.read_json, path), storage.StorageError)
+
+
+def _raised(function, *args):
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001
+        return error
+    raise AssertionError(f"{function.__name__}{args} raised nothing")
+
+
+def test_a_failed_local_write_keeps_the_previous_file(tmp_path):
+    path = str(tmp_path / "state.json")
+    storage.write_bytes(path, b"previous")
+    with pytest.raises(TypeError):
+        storage.write_bytes(path, object())  # fails while the file is written
+    assert storage.read_bytes(path) == b"previous"
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_listdir(root):
+    storage.makedirs(root)
+    for name in ("b.json", "a.json", "sub/c.json", "sub/deeper/d.json"):
+        storage.makedirs(storage.dirname(storage.join(root, name)))
+        storage.write_bytes(storage.join(root, name), b"{}")
+    assert storage.listdir(root) == ["a.json", "b.json", "sub"]
+    assert storage.listdir(root + "/") == ["a.json", "b.json", "sub"]
+    assert storage.listdir(storage.join(root, "sub")) == ["c.json", "deeper"]
+    assert storage.listdir(storage.join(root, "missing")) == []
+
+
+def test_isfile_isdir_exists_and_kind(root):
+    storage.makedirs(storage.join(root, "folder"))
+    file, folder = storage.join(root, "folder", "f.txt"), storage.join(root, "folder")
+    storage.write_bytes(file, b"x")
+    missing = storage.join(root, "missing")
+    assert storage.isfile(file) and not storage.isdir(file)
+    assert storage.isdir(folder) and not storage.isfile(folder)
+    assert not storage.isfile(missing) and not storage.isdir(missing)
+    assert storage.exists(file) and storage.exists(folder) and not storage.exists(missing)
+    assert storage.kind(file) == "a file"
+    assert storage.kind(folder) == "a folder"
+    assert storage.kind(missing) == "missing"
+    assert not storage.islink(file)
+
+
+def test_kind_of_local_links_and_fifos(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"x")
+    (tmp_path / "link").symlink_to(target)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    assert storage.kind(str(tmp_path / "link")) == f"a symbolic link to {target}"
+    assert storage.kind(str(tmp_path / "dangling")) == \
+        f"a symbolic link to {tmp_path / 'gone'}, which does not exist"
+    assert storage.islink(str(tmp_path / "link"))
+    assert not storage.isfile(str(tmp_path / "link"))
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo")
+        assert storage.kind(str(tmp_path / "fifo")) == "a FIFO"
+        assert not storage.isfile(str(tmp_path / "fifo"))
+
+
+def test_remove_and_rmtree(root):
+    storage.makedirs(storage.join(root, "tree", "sub"))
+    path = storage.join(root, "a.txt")
+    storage.write_bytes(path, b"x")
+    storage.remove(path)
+    assert not storage.exists(path)
+    storage.remove(path)  # missing: nothing to do
+    with pytest.raises(FileNotFoundError):
+        storage.remove(path, missing_ok=False)
+    storage.write_bytes(storage.join(root, "tree", "b.txt"), b"y")
+    storage.write_bytes(storage.join(root, "tree", "sub", "c.txt"), b"z")
+    storage.write_bytes(storage.join(root, "kept.txt"), b"k")
+    storage.rmtree(storage.join(root, "tree"))
+    assert storage.listdir(root) == ["kept.txt"]
+    storage.rmtree(storage.join(root, "tree"))  # missing: nothing to do
+
+
+def test_rename(root):
+    storage.makedirs(root)
+    source, target = storage.join(root, "a.tmp"), storage.join(root, "a.json")
+    storage.write_bytes(source, b"new")
+    storage.write_bytes(target, b"old")
+    storage.rename(source, target)
+    assert storage.read_bytes(target) == b"new"
+    assert not storage.exists(source)
+    assert storage.listdir(root) == ["a.json"]
+    with pytest.raises(FileNotFoundError):
+        storage.rename(source, target)
+    assert storage.read_bytes(target) == b"new"
+
+
+def test_upload_tree_uploads_only_what_changed(root, tmp_path, monkeypatch):
+    uploaded = []
+    original = storage.upload
+
+    def counting(local_path, path):
+        uploaded.append(os.path.relpath(local_path, local).replace(os.sep, "/"))
+        original(local_path, path)
+
+    monkeypatch.setattr(storage, "upload", counting)
+    local = str(tmp_path / "logs")
+    _write_files(local, {"events.1": b"aa", "train/events.2": b"bbb"})
+    storage.makedirs(root)
+    storage.makedirs(storage.join(root, "train"))  # local targets: the folders exist
+    sizes = storage.upload_tree(local, root)
+    assert sorted(uploaded) == ["events.1", "train/events.2"]
+    assert sizes == {"events.1": 2, "train/events.2": 3}
+    assert storage.read_bytes(storage.join(root, "train", "events.2")) == b"bbb"
+
+    uploaded.clear()
+    assert storage.upload_tree(local, root, sizes) == sizes
+    assert uploaded == []
+
+    _write_files(local, {"train/events.2": b"bbbbb", "events.3": b"c"})
+    storage.upload_tree(local, root, sizes)
+    assert sorted(uploaded) == ["events.3", "train/events.2"]
+    assert sizes == {"events.1": 2, "train/events.2": 5, "events.3": 1}
+    assert storage.read_bytes(storage.join(root, "train", "events.2")) == b"bbbbb"
+    assert storage.listdir(root) == ["events.1", "events.3", "train"]
+
+
+def test_staged_file_and_folder(root):
+    storage.makedirs(root)
+    path = storage.join(root, "model.keras")
+    with storage.staged(path) as local:
+        assert not storage.is_remote(local)
+        with open(local, "wb") as f:
+            f.write(b"weights")
+    assert storage.read_bytes(path) == b"weights"
+
+    folder = storage.join(root, "saved_model")
+    storage.makedirs(folder)
+    with storage.staged(folder) as local:
+        _write_files(local, {"saved_model.pb": b"pb", "variables/variables.index": b"ix"})
+    assert storage.listdir(folder) == ["saved_model.pb", "variables"]
+    assert storage.read_bytes(storage.join(folder, "variables", "variables.index")) == b"ix"
+
+
+def test_staged_uploads_nothing_after_an_error(bucket_root):
+    path = storage.join(bucket_root, "model.keras")
+    with pytest.raises(RuntimeError):
+        with storage.staged(path) as local:
+            with open(local, "wb") as f:
+                f.write(b"half")
+            raise RuntimeError("export failed")
+    assert not storage.exists(path)
+    assert not os.path.exists(local)
+
+
+def test_local_copy(root):
+    storage.makedirs(root)
+    path = storage.join(root, "model")
+    storage.write_bytes(path, b"model bytes")
+    with storage.local_copy(path, suffix=".keras") as local:
+        assert not storage.is_remote(local)
+        with open(local, "rb") as f:
+            assert f.read() == b"model bytes"
+        if storage.is_remote(root):
+            assert local.endswith("model.keras")
+        else:
+            assert local == path
+    if storage.is_remote(root):
+        assert not os.path.exists(local)
+
+
+# --- Exclusive creation and generations ----------------------------------------------
+
+
+def test_create_new_is_exclusive(root):
+    storage.makedirs(root)
+    path = storage.join(root, "lock")
+    assert storage.create_new(path, b"first") is True
+    assert storage.create_new(path, b"second") is False
+    assert storage.read_bytes(path) == b"first"
+    storage.remove(path)
+    assert storage.create_new(path, b"third") is True
+    assert storage.read_bytes(path) == b"third"
+
+
+def test_create_new_racing_threads_one_wins(root):
+    storage.makedirs(root)
+    path = storage.join(root, "lock")
+    count = 8
+    barrier = threading.Barrier(count)
+    results, errors = [None] * count, []
+
+    def contend(index):
+        try:
+            barrier.wait(timeout=10)
+            results[index] = storage.create_new(path, f"run {index}".encode())
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert results.count(True) == 1 and results.count(False) == count - 1
+    assert storage.read_bytes(path) == f"run {results.index(True)}".encode()
+
+
+def test_generation_changes_when_the_file_is_rewritten(root):
+    storage.makedirs(root)
+    path = storage.join(root, "lock")
+    assert storage.generation(path) is None
+    storage.write_bytes(path, b"one")
+    first = storage.generation(path)
+    assert first is not None
+    assert storage.generation(path) == first  # unchanged: the same answer
+    storage.write_bytes(path, b"two")
+    second = storage.generation(path)
+    assert second is not None and second != first
+    storage.remove(path)
+    assert storage.generation(path) is None
+
+
+# --- Errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["read", "write", "listdir"])
+def test_a_missing_bucket_is_one_line_naming_it(gcs_emulator, operation):
+    path = f"{MISSING_BUCKET}/run/state.json"
+    call = {"read": lambda: storage.read_bytes(path),
+            "write": lambda: storage.write_bytes(path, b"x"),
+            "listdir": lambda: storage.listdir(f"{MISSING_BUCKET}/run")}[operation]
+    with pytest.raises(storage.StorageError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"the bucket {MISSING_BUCKET} does not exist" in message
+
+
+def test_check_writable_on_a_missing_bucket(gcs_emulator):
+    with pytest.raises(ValueError) as info:
+        storage.check_writable(f"{MISSING_BUCKET}/run")
+    message = str(info.value)
+    assert message.startswith(f"model_dir='{MISSING_BUCKET}/run' cannot be written")
+    assert f"the bucket {MISSING_BUCKET} does not exist" in message
+    assert "\n" not in message
+
+
+def test_check_writable_leaves_nothing(root):
+    storage.check_writable(root)
+    assert storage.listdir(root) == []
+    if not storage.is_remote(root):
+        assert os.path.isdir(root)
+
+
+def test_check_writable_refuses_a_folder_under_a_file(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"^model_dir='.*file/run' is not a writable directory"):
+        storage.check_writable(str(tmp_path / "file" / "run"))
+
+
+def test_free_bytes(tmp_path):
+    assert storage.free_bytes(str(tmp_path / "not" / "yet")) > 0
+    assert storage.free_bytes("gs://some-bucket/run") is None
+
+
+# --- The emulator itself ---------------------------------------------------------------
+
+
+def test_emulator_refuses_a_stale_generation(bucket_root):
+    """tests/gcs_emulator.py answers ifGenerationMatch=N as GCS does (412)."""
+    path = storage.join(bucket_root, "state")
+    storage.write_bytes(path, b"one")
+    current = storage.generation(path)
+    filesystem = storage._fs(path)
+    bucket, key, _ = filesystem.split_path(path)
+    stale = str(int(current) - 1)
+    upload = f"{filesystem._location}/upload/storage/v1/b/{bucket}/o"
+    body = b"two"
+    with pytest.raises(FileExistsError):
+        filesystem.call("POST", upload, uploadType="media", name=key, ifGenerationMatch=stale,
+                        data=body, headers={"Content-Type": "application/octet-stream"})
+    assert storage.read_bytes(path) == b"one"
+    filesystem.call("POST", upload, uploadType="media", name=key, ifGenerationMatch=current,
+                    data=body, headers={"Content-Type": "application/octet-stream"})
+    assert storage.read_bytes(path) == b"two"
+
+
+def test_the_emulator_gets_no_bucket_probe(bucket_root):
+    """gcsfs, imported before STORAGE_EMULATOR_HOST was set (here: by the
+    fixture), chose its experimental class, whose probe of each bucket over
+    gRPC an emulator never answers: the store's client is the plain one."""
+    assert type(storage._fs(bucket_root)).__module__ == "gcsfs.core"
+
+
+def test_local_generation_changes_within_one_clock_tick(tmp_path):
+    """A file system's clock may tick once in a few milliseconds: a rewrite
+    that keeps the modification time is still a new generation."""
+    path = str(tmp_path / "lock")
+    storage.write_bytes(path, b"one")
+    first, mtime = storage.generation(path), os.stat(path).st_mtime_ns
+    storage.write_bytes(path, b"two")
+    os.utime(path, ns=(mtime, mtime))  # as a coarse clock would have it
+    assert storage.generation(path) != first
