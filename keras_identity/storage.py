@@ -453,20 +453,12 @@ def download_tree(path, local_dir):
         if os.path.isdir(path) and os.path.abspath(path) != os.path.abspath(local_dir):
             shutil.copytree(path, local_dir, dirs_exist_ok=True)
         return upload_tree(local_dir, local_dir, sizes) if os.path.isdir(local_dir) else sizes
-    with _remote_errors(path, "reading"):
-        fs, root = _fs(path), path.split("://", 1)[1].rstrip("/")
-        try:
-            found = fs.find(root, detail=True)
-        except FileNotFoundError:
-            found = {}
-        for name, info in found.items():
-            relative = name[len(root):].lstrip("/")
-            if not relative or info.get("type") == "directory":
-                continue
-            target = os.path.join(local_dir, *relative.split("/"))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            fs.get_file(name, target)
-            sizes[relative] = os.path.getsize(target)
+    for relative in list_files(path):
+        target = os.path.join(local_dir, *relative.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with _remote_errors(path, "reading"):
+            _fs(path).get_file(join(path, relative), target)
+        sizes[relative] = os.path.getsize(target)
     return sizes
 
 
