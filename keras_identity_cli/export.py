@@ -14,9 +14,15 @@ graph; a model with neither receives the pixels as they are (the command
 says which, and so does assets.extra/inputs.txt).  The export is loaded back the
 way TF Serving loads it and the warm-up requests are replayed before the
 command reports success.
+
+--model_path, --preprocessing and --export_dir may be in a bucket
+(gs://BUCKET/...): the model is read from there, and the version is written
+locally, uploaded, and loaded back from the bucket.
 """
 
+import contextlib
 import os
+import tempfile
 
 from absl import flags
 
@@ -63,16 +69,23 @@ def main(argv):
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
     _cli.require_tensorflow("keras-identity-export (a TensorFlow SavedModel, from either "
                             "backend)")
-    if not os.path.exists(FLAGS.model_path):
+    from keras_identity import storage
+
+    for name in ("model_path", "preprocessing", "export_dir"):
+        try:
+            storage.check_path(FLAGS[name].value or "", name)
+        except ValueError as error:
+            _cli.fail(error, 2)
+    if not _exists(FLAGS.model_path, "model_path"):
         _cli.fail(f"model_path={FLAGS.model_path!r} does not exist", 2)
-    if os.path.isdir(FLAGS.model_path):
+    if _found(storage.isdir, FLAGS.model_path, "model_path"):
         _cli.fail(f"not a readable .keras file: {FLAGS.model_path} (a directory; pass the "
                   f".keras file, e.g. runs/pre164/model.keras)", 2)
-    preprocessing_path = FLAGS.preprocessing or os.path.join(
-        os.path.dirname(FLAGS.model_path), "preprocessing.json")
-    if FLAGS.preprocessing and not os.path.exists(FLAGS.preprocessing):
+    preprocessing_path = FLAGS.preprocessing or storage.join(
+        storage.dirname(FLAGS.model_path), "preprocessing.json")
+    if FLAGS.preprocessing and not _exists(FLAGS.preprocessing, "preprocessing"):
         _cli.fail(f"preprocessing={FLAGS.preprocessing!r} does not exist", 2)
-    if not os.path.exists(preprocessing_path):
+    if not _exists(preprocessing_path, "preprocessing"):
         preprocessing_path = None
     if FLAGS.top_k < 1:
         _cli.fail(f"top_k={FLAGS.top_k} is not valid; expected an integer >= 1", 2)
@@ -84,8 +97,12 @@ def main(argv):
     from keras_identity.serving.signatures import input_description
 
     try:
-        model = load_model(FLAGS.model_path)
-    except ValueError as error:
+        with storage.local_copy(FLAGS.model_path) as local:
+            try:
+                model = load_model(local)
+            except ValueError as error:   # the message names the file given
+                raise ValueError(str(error).replace(local, FLAGS.model_path)) from None
+    except (ValueError, storage.StorageError) as error:
         _cli.fail(error, 2)
     preprocessing = None
     if preprocessing_path:
@@ -95,7 +112,7 @@ def main(argv):
             _cli.fail(f"not a readable preprocessing file: {preprocessing_path} "
                       f"({type(error).__name__}: {error})", 2)
     preprocessing = _with_image_size(model, preprocessing)
-    name = FLAGS.model_name or os.path.basename(os.path.normpath(FLAGS.export_dir))
+    name = FLAGS.model_name or storage.basename(storage.normalize(FLAGS.export_dir))
     try:
         version_dir = export_saved_model(
             model, FLAGS.export_dir, preprocessing, class_names=FLAGS.class_names,
@@ -104,8 +121,14 @@ def main(argv):
             max_image_bytes=FLAGS.max_image_bytes, max_image_pixels=FLAGS.max_image_pixels)
     except (ValueError, ImportError) as error:
         _cli.fail(error, 2)
-    emulator = ServingEmulator(version_dir)
-    replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
+    except storage.StorageError as error:
+        _cli.fail(error, 1)
+    try:
+        with _loaded_back(version_dir) as local:
+            emulator = ServingEmulator(local)
+            replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
+    except storage.StorageError as error:
+        _cli.fail(error, 1)
     print(f"inputs: {input_description(model, preprocessing)}")
     kernels = cpu_kernels.describe()
     if kernels:
@@ -113,9 +136,42 @@ def main(argv):
     print(f"exported {FLAGS.model_path} to {version_dir}: signatures "
           f"{', '.join(sorted(emulator.signature_defs))}; {replayed} warm-up requests "
           f"replayed")
+    base = FLAGS.export_dir if storage.is_remote(FLAGS.export_dir) else os.path.abspath(
+        FLAGS.export_dir)
     print(f"serve with: tensorflow_model_server --model_name={name} "
-          f"--model_base_path={os.path.abspath(FLAGS.export_dir)} --port=8500 "
-          f"--rest_api_port=8501")
+          f"--model_base_path={base} --port=8500 --rest_api_port=8501")
+
+
+def _found(test, path, name):
+    """``test(path)`` (``storage.exists``, ``storage.isdir``); a store that
+    cannot be reached ends the program with one line."""
+    from keras_identity import storage
+
+    try:
+        return test(path)
+    except storage.StorageError as error:
+        _cli.fail(f"{name}={path!r} cannot be read: {error.strerror}", 2)
+
+
+def _exists(path, name):
+    from keras_identity import storage
+
+    return _found(storage.exists if storage.is_remote(path) else os.path.exists, path, name)
+
+
+@contextlib.contextmanager
+def _loaded_back(version_dir):
+    """A local folder holding the exported version: the version itself, or
+    one downloaded from its bucket (what TF Serving would read there)."""
+    from keras_identity import storage
+
+    if not storage.is_remote(version_dir):
+        yield version_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="keras_identity_export_") as folder:
+        local = os.path.join(folder, storage.basename(version_dir))
+        storage.download_tree(version_dir, local)
+        yield local
 
 
 def _with_image_size(model, preprocessing):

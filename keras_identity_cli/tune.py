@@ -18,7 +18,9 @@ the training set minus a validation split (--validation_split) and are
 judged by --objective; the test set is only used by --retrain_best, which
 trains the best values on the whole training set.  Running the same command
 again continues the search; finished trials are not redone.  Writes
-results.csv, results.md and a plot into --model_dir.
+results.csv, results.md and a plot into --model_dir, which may be a bucket's
+(gs://BUCKET/dir: every file of the search is kept there, and the same
+command continues the search from it on another machine).
 """
 
 import os
@@ -91,6 +93,7 @@ def _floats(name, values, log=False, ranges=True):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    from keras_identity.storage import StorageError
     from keras_identity.training import STOP_STATUS
     from keras_identity.training import ConfigError
     from keras_identity.training import Stopped
@@ -134,6 +137,8 @@ def main(argv):
     except ConfigError as error:
         _cli.fail(error, 2)
     except TrialsFailed as error:  # results written, the failed trials noted
+        _cli.fail(error, 1)
+    except StorageError as error:  # the bucket could not be read or written: one line
         _cli.fail(error, 1)
 
 

@@ -6,9 +6,10 @@ exactly the inputs it was trained on.
 """
 
 import dataclasses
-import json
 
 import numpy as np
+
+from keras_identity import storage
 
 MODES = ("per_pixel_mean", "per_channel", "scale")
 # ImageNet statistics in [0, 1] units (fb.resnet.torch's dataset means/stds).
@@ -144,17 +145,18 @@ def _image_batches(images, batch_size):
 
 
 def save_preprocessing(path, *, dataset, normalization, image_shape, class_names, eval_resize=None):
-    """Writes what serving needs to reproduce the training inputs (JSON)."""
+    """Writes what serving needs to reproduce the training inputs (JSON) to
+    ``path``, a local file or a bucket's (written whole)."""
     config = {"dataset": dataset, "normalization": normalization.to_dict(),
               "image_shape": list(image_shape), "class_names": list(class_names),
               "eval_resize": eval_resize}
-    with open(path, "w") as f:
-        json.dump(config, f)
+    storage.write_json(path, config, indent=None)
     return config
 
 
 def load_preprocessing(path):
-    with open(path) as f:
-        config = json.load(f)
+    """The dict :func:`save_preprocessing` wrote to ``path`` (local or in a
+    bucket), its normalisation a :class:`Normalization`."""
+    config = storage.read_json(path)
     config["normalization"] = Normalization.from_dict(config["normalization"])
     return config

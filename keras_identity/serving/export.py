@@ -1,13 +1,17 @@
-"""Exporting a trained model as a TF Serving SavedModel version."""
+"""Exporting a trained model as a TF Serving SavedModel version, into a
+local folder or a bucket's (``gs://BUCKET/serving/model``: TF Serving reads
+its ``--model_base_path`` there too)."""
 
 import os
 import re
 import shutil
+import tempfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_identity import storage
 from keras_identity.layers.preprocessing import find_preprocessing
 from keras_identity.models.weights import to_float32
 
@@ -17,23 +21,38 @@ from keras_identity.serving import warmup as warmup_lib
 
 # What the signatures feed the model (assets.extra/inputs.txt of a version).
 INPUTS_FILE = "inputs.txt"
+# Uploaded last into a bucket: TF Serving finds a version by its folder, and
+# loads it once the SavedModel's graph is there.
+_SAVED_MODEL_FILES = ("fingerprint.pb", "saved_model.pb")
 
 
 def next_version(export_base):
     """The next free version number under ``export_base`` (1 if none)."""
-    if not os.path.isdir(export_base):
+    if not storage.isdir(export_base):
         return 1
-    versions = [int(n) for n in os.listdir(export_base) if re.fullmatch(r"\d+", n)]
+    versions = [int(n) for n in storage.listdir(export_base) if re.fullmatch(r"\d+", n)]
     return max(versions, default=0) + 1
 
 
 def _check_export_base(export_base):
     """``export_base`` must be a directory this process can write, or a path
     it can create; raises ``ValueError`` in one line otherwise (writing
-    nothing)."""
+    nothing; in a bucket, a probe object written and removed)."""
+    is_file = (f"export_dir={export_base!r} is a file; expected a directory of numbered "
+               f"versions (TF Serving's --model_base_path).")
+    if storage.is_remote(export_base):
+        storage.check_path(export_base, "export_dir")
+        try:
+            found = storage.isfile(export_base)
+        except storage.StorageError as error:
+            raise ValueError(f"export_dir={export_base!r} cannot be read: "
+                             f"{error.strerror}") from None
+        if found:
+            raise ValueError(is_file)
+        storage.check_writable(export_base, "export_dir")
+        return
     if os.path.exists(export_base) and not os.path.isdir(export_base):
-        raise ValueError(f"export_dir={export_base!r} is a file; expected a directory of "
-                         f"numbered versions (TF Serving's --model_base_path).")
+        raise ValueError(is_file)
     existing = os.path.abspath(export_base)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -52,7 +71,8 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
 
     Args:
         model: a Keras model (e.g. ``keras.models.load_model(".../model.keras")``).
-        export_base: TF Serving's ``--model_base_path``.
+        export_base: TF Serving's ``--model_base_path``: a local folder, or a
+            bucket's (``gs://BUCKET/...``; written locally, then uploaded).
         preprocessing: ``None`` (a model built with ``include_preprocessing``
             carries its normalisation), or the dict of
             :func:`keras_identity.data.load_preprocessing`: class names,
@@ -72,7 +92,13 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
             ``serving_bytes`` (``InvalidArgument`` beyond them, before decoding).
 
     Returns:
-        The version directory.
+        The version directory (in a bucket for an ``export_base`` there).
+
+    Raises:
+        ValueError: a bad argument, or an ``export_base`` that cannot be
+            written (one line).
+        storage.StorageError: the bucket failed while the version was
+            uploaded (what was uploaded of a new version is removed).
     """
     if keras.backend.backend() not in ("tensorflow", "jax"):
         raise ValueError(f"export_saved_model runs on the TensorFlow and JAX backends; the "
@@ -90,47 +116,27 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
             raise ValueError(f"class_names has {len(class_names)} names; the model has "
                              f"{model.output_shape[-1]} outputs.")
         preprocessing = dict(preprocessing or {}, class_names=class_names)
-    version_dir = os.path.join(export_base, str(version))
-    if os.path.exists(version_dir) and not overwrite:
+    version_dir = storage.join(export_base, str(version))
+    if storage.exists(version_dir) and not overwrite:
         raise ValueError(f"{version_dir} exists; pick another --version or pass "
                          f"--overwrite.")
     if float32 and model.dtype_policy.name != "float32":
         model = to_float32(model)
+    arguments = dict(top_k=top_k, model_name=model_name, warmup=warmup,
+                     max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels)
+    if storage.is_remote(export_base):
+        with tempfile.TemporaryDirectory(prefix="keras_identity_export_") as staging:
+            local = os.path.join(staging, str(version))
+            _write_version(model, local, preprocessing, **arguments)
+            _upload_version(local, version_dir)
+        return version_dir
     # Written beside the version and renamed when complete: TF Serving never
     # sees a half-written version (it ignores names that are not numbers).
     partial = os.path.join(export_base, f".{version}.partial")
     if os.path.exists(partial):
         shutil.rmtree(partial)
     try:
-        archive = keras.export.ExportArchive()
-        forward = None
-        if keras.backend.backend() == "jax":
-            from keras_identity.serving import _jax_forward
-
-            forward = _jax_forward.model_forward(model, archive)
-        else:
-            archive.track(model)
-        functions = signatures_lib.make_serving_functions(
-            model, preprocessing, top_k=top_k, max_image_bytes=max_image_bytes,
-            max_image_pixels=max_image_pixels, forward=forward)
-        for name in signatures_lib.SIGNATURES:
-            fn, spec = functions[name]
-            # TensorFlow functions on every backend: the signatures decode and
-            # normalise with TensorFlow ops (JAX converts only the model).
-            endpoint = tf.function(fn, input_signature=spec, autograph=False)
-            endpoint.get_concrete_function()
-            archive.add_endpoint(name, endpoint)
-        archive.write_out(partial, verbose=False)
-        os.makedirs(os.path.join(partial, "assets.extra"), exist_ok=True)
-        with open(os.path.join(partial, "assets.extra", INPUTS_FILE), "w") as f:
-            f.write(signatures_lib.input_description(model, preprocessing) + "\n")
-        if warmup:
-            _, height, width, channels = model.input_shape
-            shape = (preprocessing or {}).get("image_shape") or (224, 224)
-            height = height or shape[0]
-            width = width or shape[1]
-            warmup_lib.write_warmup(partial, warmup_lib.build_requests(
-                model_name, height, width, channels))
+        _write_version(model, partial, preprocessing, **arguments)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -143,6 +149,70 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
     if old:
         shutil.rmtree(old, ignore_errors=True)
     return version_dir
+
+
+def _write_version(model, partial, preprocessing, *, top_k, model_name, warmup,
+                   max_image_bytes, max_image_pixels):
+    """Writes the SavedModel, its inputs.txt and warm-up requests into the
+    local folder ``partial``."""
+    archive = keras.export.ExportArchive()
+    forward = None
+    if keras.backend.backend() == "jax":
+        from keras_identity.serving import _jax_forward
+
+        forward = _jax_forward.model_forward(model, archive)
+    else:
+        archive.track(model)
+    functions = signatures_lib.make_serving_functions(
+        model, preprocessing, top_k=top_k, max_image_bytes=max_image_bytes,
+        max_image_pixels=max_image_pixels, forward=forward)
+    for name in signatures_lib.SIGNATURES:
+        fn, spec = functions[name]
+        # TensorFlow functions on every backend: the signatures decode and
+        # normalise with TensorFlow ops (JAX converts only the model).
+        endpoint = tf.function(fn, input_signature=spec, autograph=False)
+        endpoint.get_concrete_function()
+        archive.add_endpoint(name, endpoint)
+    archive.write_out(partial, verbose=False)
+    os.makedirs(os.path.join(partial, "assets.extra"), exist_ok=True)
+    with open(os.path.join(partial, "assets.extra", INPUTS_FILE), "w") as f:
+        f.write(signatures_lib.input_description(model, preprocessing) + "\n")
+    if warmup:
+        _, height, width, channels = model.input_shape
+        shape = (preprocessing or {}).get("image_shape") or (224, 224)
+        height = height or shape[0]
+        width = width or shape[1]
+        warmup_lib.write_warmup(partial, warmup_lib.build_requests(
+            model_name, height, width, channels))
+
+
+def _upload_version(local, version_dir):
+    """Copies the version written in ``local`` to ``version_dir`` in a
+    bucket, the SavedModel's graph last (an object store has no rename:
+    TF Serving, which may list the version before its upload ends, retries
+    a version it could not load).  Over an existing version (--overwrite)
+    the files are replaced, then the old version's other files removed; a
+    new version that fails to upload is removed."""
+    existed = storage.exists(version_dir)
+    before = storage.list_files(version_dir) if existed else []
+    files = []
+    for root, _, names in os.walk(local):
+        files += [os.path.relpath(os.path.join(root, n), local).replace(os.sep, "/")
+                  for n in names]
+    files.sort(key=lambda f: (f in _SAVED_MODEL_FILES and _SAVED_MODEL_FILES.index(f) + 1, f))
+    try:
+        for relative in files:
+            storage.upload(os.path.join(local, *relative.split("/")),
+                           storage.join(version_dir, relative))
+    except BaseException:
+        if not existed:
+            try:
+                storage.rmtree(version_dir)
+            except Exception:  # noqa: BLE001 - the upload's error is the one told
+                pass
+        raise
+    for relative in sorted(set(before) - set(files)):
+        storage.remove(storage.join(version_dir, relative))
 
 
 def _same(a, b):

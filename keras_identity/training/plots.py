@@ -1,10 +1,10 @@
 """Training curves drawn as in the papers' Figs. 1, 3 and 6: training loss
 dashed (left axis), test error solid (right axis), against iterations; or
 training error thin and test error bold on one axis (He et al. 2015, Figs. 4
-and 6, the degradation problem)."""
+and 6, the degradation problem).  Runs and plots may be in a bucket
+(``gs://BUCKET/...``)."""
 
-import json
-import os
+from keras_identity import storage
 
 
 def pyplot():
@@ -34,8 +34,14 @@ def _finish(fig, ax_loss, ax_error, path, title):
     if ax_error.get_legend_handles_labels()[0]:
         ax_error.legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     pyplot().close(fig)
+
+
+def _save(fig, path):
+    """Writes ``fig`` to ``path`` (a PNG; uploaded to a bucket's path)."""
+    with storage.staged(path) as local:
+        fig.savefig(local, dpi=110)
 
 
 def plot_history(history, path, title=""):
@@ -47,13 +53,13 @@ def plot_history(history, path, title=""):
 
 
 def load_history(run_dir):
-    with open(os.path.join(run_dir, "history.json")) as f:
-        return json.load(f)
+    """A run's ``history.json`` (a local run or one in a bucket)."""
+    return storage.read_json(storage.join(run_dir, "history.json"))
 
 
 def _labels(run_dirs, labels):
     """One label per run (default: each run directory's name)."""
-    labels = labels or [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    labels = labels or [storage.basename(storage.normalize(d)) for d in run_dirs]
     if len(labels) != len(run_dirs):
         raise ValueError(f"labels={labels!r} is not valid; expected one label per run "
                          f"({len(run_dirs)}).")
@@ -99,5 +105,5 @@ def plot_errors(run_dirs, path, labels=None, title=""):
         ax.set_title(title)
     ax.legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)

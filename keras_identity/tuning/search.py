@@ -4,13 +4,16 @@ on the whole training set and its test error reported), and the random search
 of Srivastava et al. (2015), Sec. 3.1 (learning rate, momentum, exponential
 decay, activation and transform-gate bias, judged by the training error)."""
 
+import contextlib
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
 import os
 import shutil
+import tempfile
 import time
 
 import keras
@@ -21,6 +24,7 @@ try:  # Keras Tuner's switch that prints each failed trial's traceback
 except ImportError:  # pragma: no cover - another Keras Tuner layout
     _keras_tuner_config = None
 
+from keras_identity import storage
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import preemption
@@ -50,6 +54,113 @@ OBJECTIVES = {
 
 
 RECORDS = "records_per_trial.json"
+PROJECT = "search"   # Keras Tuner's folder in model_dir (its project_name)
+
+
+class TunerFolder:
+    """Where Keras Tuner keeps a search's state: ``<model_dir>/search``.
+
+    Keras Tuner writes its files (the oracle's, each trial's ``trial.json``
+    and best weights) with local file calls (``tf.io.gfile`` where TensorFlow
+    is installed, which reaches neither an emulator nor fsspec's
+    credentials).  A local ``model_dir`` is used as it is.  For one in a
+    bucket the tuner works in a local staging folder (:attr:`directory`,
+    a temporary folder, never the current directory), filled from the bucket
+    when the search starts (a search continues on any machine) and copied
+    back (:meth:`publish`: the files that changed, trials' files before the
+    oracle's and the records, which name finished trials) when a trial starts
+    and ends and when the search ends or stops.  A trial's progress
+    checkpoints are written in the bucket itself (:meth:`published`), so a
+    trial stopped or killed resumes from the bucket too.
+    """
+
+    # Uploaded after the trials' files, in this order: what names a trial
+    # comes after the trial's own files.
+    _LAST = ("tuner0.json", "oracle.json", RECORDS)
+
+    def __init__(self, model_dir):
+        self.model_dir = model_dir
+        self.remote = storage.is_remote(model_dir)
+        self._published = {}   # relative path -> (size, mtime) uploaded
+        if not self.remote:
+            self.directory = model_dir
+            return
+        self.directory = tempfile.mkdtemp(prefix="keras_identity_tune_")
+        try:
+            project = os.path.join(self.directory, PROJECT)
+            storage.download_tree(storage.join(model_dir, PROJECT), project)
+            for root, folders, _ in os.walk(project):
+                if "progress" in folders:   # read in the bucket (TrialProgress)
+                    shutil.rmtree(os.path.join(root, "progress"))
+                    folders.remove("progress")
+            self._published = self._stamps()
+        except BaseException:
+            self.close()
+            raise
+
+    def published(self, path):
+        """Where ``path`` (in :attr:`directory`) is kept in ``model_dir``."""
+        if not self.remote:
+            return path
+        relative = os.path.relpath(path, self.directory).replace(os.sep, "/")
+        return storage.join(self.model_dir, relative)
+
+    def _stamps(self):
+        stamps = {}
+        for root, _, names in os.walk(self.directory):
+            for name in names:
+                path = os.path.join(root, name)
+                info = os.stat(path)
+                relative = os.path.relpath(path, self.directory).replace(os.sep, "/")
+                stamps[relative] = (info.st_size, info.st_mtime_ns)
+        return stamps
+
+    def publish(self):
+        """Uploads the files of the staging folder that are new or changed
+        (by size or modification time) since they were last uploaded."""
+        if not self.remote:
+            return
+        stamps = self._stamps()
+        changed = [r for r, stamp in stamps.items() if self._published.get(r) != stamp]
+
+        def order(relative):
+            name = relative.rsplit("/", 1)[-1]
+            last = relative.count("/") == 1 and name in self._LAST
+            return (self._LAST.index(name) + 1 if last else 0, relative)
+
+        for relative in sorted(changed, key=order):
+            storage.upload(os.path.join(self.directory, *relative.split("/")),
+                           storage.join(self.model_dir, relative))
+            self._published[relative] = stamps[relative]
+
+    @contextlib.contextmanager
+    def publishing(self):
+        """Publishes when the block ends, with an error too (an error of the
+        upload then does not hide the block's)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.publish()
+            raise
+        self.publish()
+
+    def discard(self):
+        """Removes the tuner's files (a new search that could not start)."""
+        shutil.rmtree(os.path.join(self.directory, PROJECT), ignore_errors=True)
+        if self.remote:
+            storage.rmtree(storage.join(self.model_dir, PROJECT))
+
+    def close(self):
+        """Removes the staging folder (nothing for a local ``model_dir``)."""
+        if self.remote:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
 
 
 class SearchStopped(preemption.Stopped):
@@ -114,15 +225,15 @@ class TrialProgress:
         streams (:attr:`make_train`, from the step it resumes at; the stream
         Keras Tuner passes starts at 0), with ``callbacks`` (the tuner's);
         returns a ``History`` of all its epochs, before a resume too."""
-        progress = os.path.join(self.directory, "progress")
+        progress = storage.join(self.directory, "progress")
         checkpointer = checkpoints.Checkpointer(progress, keep=1, owns_directory=True)
         try:
-            state = checkpointer.restore(model) if os.path.isdir(progress) else None
+            state = checkpointer.restore(model) if storage.isdir(progress) else None
         except checkpoints.CheckpointError as error:
             raise UnreadableProgress(progress, error) from None
         start = state["step"] if state else 0
         if state:
-            self.print_fn(f"trial {os.path.basename(self.directory)} resumes from its "
+            self.print_fn(f"trial {storage.basename(self.directory)} resumes from its "
                           f"checkpoint at step {start:,}")
         log = preemption.EpochLog(checkpointer, self.steps_per_epoch,
                                   state["history"] if state else ())
@@ -136,7 +247,7 @@ class TrialProgress:
             end_step=epochs * self.steps_per_epoch, checkpointer=checkpointer,
             history=lambda: log.rows, verbose=verbose,
             metrics=state.get("metrics") if state else None, print_fn=self.print_fn)
-        shutil.rmtree(progress, ignore_errors=True)
+        storage.rmtree(progress)
         return log.history()
 
     def fit_unsaved(self, fit, hp, model, *args, **kwargs):
@@ -182,7 +293,8 @@ class _TimedTrials:
 
     The record is written after the oracle has ended and saved the trial, so
     a trial listed in the file is also complete on disk when a search is
-    killed and resumed.
+    killed and resumed.  With the tuner's ``folder`` (a :class:`TunerFolder`),
+    the tuner's files are published when a trial starts and ends.
 
     With the hypermodel's ``progress`` (a :class:`TrialProgress`), a trial
     does not start once a stop signal has arrived (:class:`SearchStopped`),
@@ -198,7 +310,10 @@ class _TimedTrials:
         if progress is None:
             result = super().run_trial(trial, *args, **kwargs)
         else:
+            folder = getattr(self, "folder", None)
             progress.directory = self.get_trial_dir(trial.trial_id)
+            if folder is not None:   # the trial's folder in model_dir (a bucket's)
+                progress.directory = folder.published(progress.directory)
             received = progress.signals.received
             if received is not None:
                 raise SearchStopped(
@@ -213,7 +328,7 @@ class _TimedTrials:
                 progress.print_fn(
                     f"trial {trial.trial_id} ({_describe(values)}) failed: "
                     f"{type(error).__name__}: {' '.join(str(error).split())[:300]} (its "
-                    f"traceback: {os.path.join(progress.directory, 'trial.json')}); the "
+                    f"traceback: {storage.join(progress.directory, 'trial.json')}); the "
                     f"search goes on and the next run retries it")
                 raise
         histories = result if isinstance(result, list) else [result]
@@ -236,21 +351,28 @@ class _TimedTrials:
             trial_progress.print_fn(
                 f"trial {trial.trial_id}: its progress cannot be read ({cause}); removed "
                 f"{unreadable.directory}, the trial starts again from its start")
-            shutil.rmtree(unreadable.directory, ignore_errors=True)
+            storage.rmtree(unreadable.directory)
             return super().run_trial(trial, *args, **kwargs)
+
+    def on_trial_begin(self, trial):
+        super().on_trial_begin(trial)
+        self._publish()   # the trial the oracle started: a resumed search retries it
 
     def on_trial_end(self, trial):
         super().on_trial_end(trial)
         record = getattr(self, "_pending_records", {}).pop(trial.trial_id, None)
-        if record is None:
-            return
-        path = os.path.join(self.project_dir, RECORDS)
-        records = json.load(open(path)) if os.path.exists(path) else {}
-        records[trial.trial_id] = record
-        temporary = path + ".tmp"
-        with open(temporary, "w") as f:
-            json.dump(records, f)
-        os.replace(temporary, path)
+        if record is not None:
+            path = os.path.join(self.project_dir, RECORDS)
+            records = storage.read_json(path) if storage.exists(path) else {}
+            records[trial.trial_id] = record
+            # json.dumps keeps a diverged trial's NaN losses (write_json would not).
+            storage.write_text(path, json.dumps(records))
+        self._publish()
+
+    def _publish(self):
+        folder = getattr(self, "folder", None)
+        if folder is not None:
+            folder.publish()
 
 
 class GridOracle(keras_tuner.Oracle):
@@ -394,7 +516,7 @@ class SearchConfig:
 
 def _make_tuner(search, hypermodel, strategy, directory):
     objective = OBJECTIVES[search.objective]
-    common = dict(objective=objective, directory=directory, project_name="search",
+    common = dict(objective=objective, directory=directory, project_name=PROJECT,
                   overwrite=False, seed=search.train.seed,
                   # keras.distribution (JAX) is entered around the search instead.
                   distribution_strategy=None if isinstance(
@@ -452,7 +574,7 @@ def _trial_rows(tuner, objective="val_error"):
     """A row per trial that ended: its values, results and note
     ("diverged ...", or "failed (<error>)" for a trial with no result)."""
     path = os.path.join(tuner.project_dir, RECORDS)
-    records = json.load(open(path)) if os.path.exists(path) else {}
+    records = storage.read_json(path) if storage.exists(path) else {}
     rows = []
     nan = float("nan")
     for trial in tuner.oracle.trials.values():
@@ -505,12 +627,14 @@ def _score(row, objective):
 
 def write_results(rows, directory, title="", objective="val_error"):
     """results.csv, results.md and a plot (:func:`plot_name`, e.g.
-    val_error_vs_gate_bias.png) in ``directory``."""
+    val_error_vs_gate_bias.png) in ``directory`` (a local folder or a
+    bucket's)."""
     columns = list(rows[0])
-    with open(os.path.join(directory, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    storage.write_text(storage.join(directory, "results.csv"), text.getvalue())
     header = {"gate_bias_init": "b_g", "val_error": "val. error (%)",
               "train_error": "best train error (%)", "best_train_loss": "best train loss",
               "val_loss": "val. loss (last epoch)", "train_loss": "train loss (last epoch)",
@@ -537,10 +661,15 @@ def write_results(rows, directory, title="", objective="val_error"):
         table += (f"\n\n{len(failed)} of {len(rows)} trials failed (no result; the note says "
                   f"why): the search is incomplete; running it again retries "
                   f"{'it' if len(failed) == 1 else 'them'}.")
-    with open(os.path.join(directory, "results.md"), "w") as f:
-        f.write((f"{title}\n\n" if title else "") + table + "\n")
-    _plot(rows, os.path.join(directory, plot_name(rows, objective)), title, objective)
+    storage.write_text(storage.join(directory, "results.md"),
+                       (f"{title}\n\n" if title else "") + table + "\n")
+    _plot(rows, storage.join(directory, plot_name(rows, objective)), title, objective)
     return table
+
+
+def _append(path, text):
+    """Adds ``text`` to the end of the file ``path`` (rewritten whole)."""
+    storage.write_text(path, storage.read_text(path) + text)
 
 
 _AXIS = {"gate_bias_init": "initial gate bias b_g", "learning_rate": "learning rate",
@@ -608,7 +737,8 @@ def _plot(rows, path, title, objective="val_error"):
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with storage.staged(path) as local:
+        fig.savefig(local, dpi=110)
     plt.close(fig)
 
 
@@ -662,11 +792,10 @@ def search_identity(search, data, recipe):
 def _check_same_search(directory, identity):
     """Refuses a search directory that holds another search (one line naming
     what differs); records the identity of a new one."""
-    path = os.path.join(directory, SEARCH_FILE)
-    if os.path.exists(path):
+    path = storage.join(directory, SEARCH_FILE)
+    if storage.exists(path):
         try:
-            with open(path) as f:
-                before = json.load(f)
+            before = storage.read_json(path)
         except (OSError, ValueError) as error:
             raise ValueError(f"{path} is not readable ({type(error).__name__}); use a new "
                              f"--model_dir.") from None
@@ -676,16 +805,20 @@ def _check_same_search(directory, identity):
                              f"({'; '.join(diffs)}); a search continues only with its own "
                              f"space and data; use a new --model_dir for this one.")
         return
-    trainer.check_writable(directory)
-    if os.listdir(directory):
+    storage.check_writable(directory)
+    if storage.listdir(directory):
         raise ValueError(f"model_dir={directory!r} is not empty and holds no {SEARCH_FILE} "
                          f"(not a search directory); use a new --model_dir.")
-    with open(path, "w") as f:
-        json.dump(identity, f, indent=1)
+    storage.write_text(path, json.dumps(identity, indent=1))
 
 
 def run_search(search, print_fn=print):
     """Runs (or continues) ``search``; returns rows, the best values and paths.
+
+    ``search.train.model_dir`` is a local folder or a bucket's
+    (``gs://BUCKET/...``): every file of the search is kept there (Keras
+    Tuner's through a local staging folder, :class:`TunerFolder`), and a
+    search continues from it on any machine.
 
     Every trial is built from ``search.train.seed`` (its result does not
     depend on the trials before it in the process); trials an earlier run
@@ -701,7 +834,14 @@ def run_search(search, print_fn=print):
             the retraining is saved at its checkpoint.
         TrialsFailed: trials failed (results.csv and results.md written, the
             failed trials noted); the same command retries them.
+        storage.StorageError: the bucket could not be read or written while
+            the search ran (one line).
     """
+    with contextlib.ExitStack() as cleanup:
+        return _run_search(search, print_fn, cleanup)
+
+
+def _run_search(search, print_fn, cleanup):
     search.validate()
     config = search.train
     try:
@@ -724,23 +864,26 @@ def run_search(search, print_fn=print):
             config.normalization or recipe.normalization, data)
         hypermodel = TrainingHyperModel(config, data, recipe, schedule, space=search.space,
                                         normalization=normalization)
-        fresh = not os.path.exists(os.path.join(config.model_dir, SEARCH_FILE))
+        storage.check_path(config.model_dir)
+        fresh = not storage.exists(storage.join(config.model_dir, SEARCH_FILE))
         _check_same_search(config.model_dir, search_identity(search, full, recipe))
     except trainer.ConfigError:
         raise
-    except ValueError as error:
+    except (ValueError, storage.StorageError) as error:
         raise trainer.ConfigError(str(error)) from None
     train_ds, val_ds = trainer.input_streams(
         strategy, data, batch_size=schedule.batch_size, normalization=normalization,
         augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
         split="val")
+    folder = cleanup.enter_context(TunerFolder(config.model_dir))
     try:  # Keras Tuner builds a first model here: the builder's refusals are one line
-        tuner = _make_tuner(search, hypermodel, strategy, config.model_dir)
+        tuner = _make_tuner(search, hypermodel, strategy, folder.directory)
     except ValueError as error:
         if fresh:  # what this run just wrote, so that the corrected command starts anew
-            os.remove(os.path.join(config.model_dir, SEARCH_FILE))
-            shutil.rmtree(os.path.join(config.model_dir, "search"), ignore_errors=True)
+            storage.remove(storage.join(config.model_dir, SEARCH_FILE))
+            folder.discard()
         raise trainer.ConfigError(str(error)) from None
+    tuner.folder = folder
     _retry_failed(tuner, print_fn)
     done_before = len([r for r in _trial_rows(tuner, search.objective) if not _failed(r)])
     size = search.space_size
@@ -774,7 +917,7 @@ def run_search(search, print_fn=print):
         if debug is not None:
             _keras_tuner_config.DEBUG = False
         try:
-            with strategies.fit_scope(strategy):
+            with folder.publishing(), strategies.fit_scope(strategy):
                 tuner.search(train_ds, epochs=schedule.epochs,
                              steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
                              callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
@@ -812,14 +955,14 @@ def run_search(search, print_fn=print):
             raise TrialsFailed(
                 f"{len(failed)} of {len(rows)} trials failed ({listed})"
                 + (f"; Keras Tuner ended the search ({gave_up})" if gave_up else "")
-                + f"; {os.path.join(config.model_dir, 'results.md')} lists them; run the "
+                + f"; {storage.join(config.model_dir, 'results.md')} lists them; run the "
                   f"same command to retry them")
         if search.retrain_best and signals.received is not None:
             # Only an unfinished retraining is left to do.
             raise SearchStopped(
                 f"stopped by {signals.received} after the search's last trial: the search "
                 f"is complete ({len(rows)} trials, results in "
-                f"{os.path.join(config.model_dir, 'results.md')}); run the same command to "
+                f"{storage.join(config.model_dir, 'results.md')}); run the same command to "
                 f"retrain the best values (--retrain_best) without searching again",
                 "before the retraining", signals.received)
     finite = [r for r in rows if not r["note"]] or rows
@@ -842,7 +985,8 @@ def run_search(search, print_fn=print):
         # find other values, whose run must not resume this one's.
         retrain = dataclasses.replace(
             apply_values(config, best), epochs=search.retrain_epochs or config.epochs,
-            model_dir=os.path.join(config.model_dir, "retrain_best", f"trial_{best_row['trial']}"))
+            model_dir=storage.join(config.model_dir, "retrain_best",
+                                   f"trial_{best_row['trial']}"))
         print_fn(f"retraining {best} on the whole training set in {retrain.model_dir} ...")
         try:
             outcome = trainer.train(retrain, print_fn=print_fn, strategy=strategy)
@@ -858,16 +1002,16 @@ def run_search(search, print_fn=print):
         except callbacks_lib.TrainingDiverged as error:
             print_fn(f"the retraining of {_describe(best)} diverged: {error}")
             result["retrain"] = {"diverged": True, "model_dir": retrain.model_dir}
-            with open(os.path.join(config.model_dir, "results.md"), "a") as f:
-                f.write(f"\nRetrained with {best} on the whole training set: diverged "
-                        f"({error}).\n")
+            _append(storage.join(config.model_dir, "results.md"),
+                    f"\nRetrained with {best} on the whole training set: diverged "
+                    f"({error}).\n")
             return result
         outcome["model_dir"] = retrain.model_dir
         result["retrain"] = outcome
         print_fn(f"best {_describe(best)}: test error {100 * outcome['test_error']:.2f}% "
                  f"(trained on all {full.num_train:,} training images)")
-        with open(os.path.join(config.model_dir, "results.md"), "a") as f:
-            f.write(f"\nRetrained with {best} on the whole training set for "
-                    f"{retrain.epochs} epochs: test error "
-                    f"{100 * outcome['test_error']:.2f}%.\n")
+        _append(storage.join(config.model_dir, "results.md"),
+                f"\nRetrained with {best} on the whole training set for "
+                f"{retrain.epochs} epochs: test error "
+                f"{100 * outcome['test_error']:.2f}%.\n")
     return result
