@@ -7,22 +7,23 @@ goes through this module, so that ``--model_dir=gs://BUCKET/run`` keeps all
 of them in the bucket, on either Keras backend, with or without TensorFlow.
 
 Object stores are reached through fsspec (gcsfs for ``gs://``, s3fs for
-``s3://`` where it is installed): the maintained layer that Orbax and the JAX
-libraries also use through ``etils.epath`` (told here to use fsspec too,
-rather than TensorFlow's file system where TensorFlow happens to be
-installed: one client, one set of credentials, one emulator setting).  The
-stores' transient errors are retried by gcsfs/s3fs, not here.  Local paths
+``s3://`` where it is installed), the maintained layer of the Python data
+libraries, on either backend and without TensorFlow (whose own file system
+reaches a bucket only where TensorFlow is installed, with an emulator
+setting of its own).  The stores' transient errors are retried by
+gcsfs/s3fs, not here.  Only calls that take a path literally are used
+(never fsspec's globbing ``mv``/``rm``/``copy``: a run named ``exp[12]``
+must not touch ``exp1``).  Local paths
 stay on the operating system's calls, because there links, FIFOs and atomic
 renames matter (a run refuses a linked checkpoint folder; a file appears
 whole by ``os.replace``); an object store has none of these, and an object
 appears whole when its upload ends.
 
 ``STORAGE_EMULATOR_HOST`` (the variable Google's clients honour) points
-everything at a local GCS emulator: gcsfs reads it itself; TensorStore (the
-arrays of an Orbax checkpoint) is given it as ``TENSORSTORE_GCS_HTTP_URL``;
-gcsfs's probe of a bucket's type over gRPC, which an emulator does not answer
-(a minute's wait per bucket), is turned off; and no credentials are looked
-for.  A user's own settings of these variables are kept.
+everything at a local GCS emulator: gcsfs reads it itself; its probe of a
+bucket's type over gRPC, which an emulator does not answer (a minute's wait
+per bucket), is turned off; and no credentials are looked for.  A user's own
+setting of the probe is kept.
 """
 
 import contextlib
@@ -35,15 +36,13 @@ import shutil
 import stat
 import tempfile
 
-REMOTE_SCHEMES = ("gs", "s3")
+# The object stores, and the fsspec package that reaches each.
+_PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
 
 
 def _configure_environment():
-    os.environ.setdefault("EPATH_USE_TF", "false")
     emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
     if emulator and emulator != "default":
-        url = emulator if "://" in emulator else f"http://{emulator}"
-        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", url)
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
@@ -52,7 +51,10 @@ _configure_environment()
 
 class StorageError(OSError):
     """A file of a run could not be read or written; the message is one line
-    naming the path and what failed."""
+    naming the path and what failed (``str()`` is that line)."""
+
+    def __str__(self):
+        return str(self.strerror)
 
 
 def scheme(path):
@@ -75,7 +77,7 @@ def check_path(path, name="model_dir"):
     found = scheme(path)
     if found is None:
         return
-    if found not in REMOTE_SCHEMES:
+    if found not in _PACKAGES:
         raise ValueError(f"{name}={path!r}: {found}:// is not a store this package writes to; "
                          f"expected a local path, gs://BUCKET/... or s3://BUCKET/...")
     bucket = path.split("://", 1)[1].split("/", 1)[0]
@@ -107,8 +109,6 @@ def normalize(path):
 
 
 _FILESYSTEMS = {}
-
-_PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
 
 
 def _filesystem(found, name="model_dir"):
@@ -199,11 +199,21 @@ def exists(path):
         return _fs(path).exists(path)
 
 
+def _remote_type(path):
+    """``"file"``, ``"directory"`` or None (missing) for a path in a store;
+    an unreachable store raises (fsspec's ``isfile``/``isdir`` would answer
+    False, and a run would take its checkpoints for missing)."""
+    with _remote_errors(path, "looking up"):
+        try:
+            return _fs(path).info(path.rstrip("/")).get("type")
+        except FileNotFoundError:
+            return None
+
+
 def isdir(path):
     if not is_remote(path):
         return os.path.isdir(path)
-    with _remote_errors(path, "looking up"):
-        return _fs(path).isdir(path)
+    return _remote_type(path) == "directory"
 
 
 def isfile(path):
@@ -214,8 +224,7 @@ def isfile(path):
             return stat.S_ISREG(os.lstat(path).st_mode)
         except OSError:
             return False
-    with _remote_errors(path, "looking up"):
-        return _fs(path).isfile(path)
+    return _remote_type(path) == "file"
 
 
 def islink(path):
@@ -225,9 +234,7 @@ def islink(path):
 def kind(path):
     """What ``path`` is, in words, for a message."""
     if is_remote(path):
-        if isfile(path):
-            return "a file"
-        return "a folder" if isdir(path) else "missing"
+        return {"file": "a file", "directory": "a folder"}.get(_remote_type(path), "missing")
     try:
         mode = os.lstat(path).st_mode
     except OSError:
@@ -385,6 +392,28 @@ def remove(path, missing_ok=True):
                 raise
 
 
+def remove_if_unchanged(path, version):
+    """Removes ``path`` only if its :func:`generation` is still ``version``;
+    returns whether it did.  In GCS the delete carries the precondition
+    (``ifGenerationMatch``), so of two processes only one removes what both
+    read; elsewhere the check and the delete are two steps."""
+    if scheme(path) != "gs":
+        if generation(path) != version:
+            return False
+        remove(path)
+        return True
+    fs = _fs(path)
+    bucket, key = path.split("://", 1)[1].split("/", 1)
+    with _remote_errors(path, "removing"):
+        try:
+            fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version))
+        except (FileExistsError, FileNotFoundError):  # 412: changed; 404: gone
+            return False
+        finally:
+            fs.invalidate_cache(path)
+    return True
+
+
 def rename(source, target):
     """Moves ``source`` to ``target`` (locally an atomic rename, over
     ``target``; in a store a copy and a delete)."""
@@ -392,18 +421,19 @@ def rename(source, target):
         os.replace(source, target)
         return
     with _remote_errors(source, "moving"):
-        _fs(source).mv(source, target)
+        fs = _fs(source)
+        fs.cp_file(source, target)
+        fs.rm_file(source)
 
 
 def rmtree(path):
+    """Removes folder ``path`` and everything in it (nothing else: names
+    are taken literally)."""
     if not is_remote(path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    with _remote_errors(path, "removing"):
-        try:
-            _fs(path).rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
+    for relative in list_files(path):
+        remove(join(path, relative))
 
 
 def free_bytes(path):
@@ -423,7 +453,8 @@ def upload(local_path, path):
     """Copies the local file ``local_path`` to ``path`` (any store)."""
     if not is_remote(path):
         if os.path.abspath(local_path) != os.path.abspath(path):
-            write_bytes(path, open(local_path, "rb").read())
+            with open(local_path, "rb") as f:
+                write_bytes(path, f.read())
         return
     with _remote_errors(path, "writing"):
         _fs(path).put_file(local_path, path)
@@ -444,20 +475,22 @@ def upload_tree(local_dir, path, sizes=None):
     return sizes
 
 
-def download_tree(path, local_dir):
-    """Copies every file under ``path`` (any store) into ``local_dir``;
-    returns the sizes dict :func:`upload_tree` takes, so that what was just
-    downloaded is not uploaded back."""
+def download_tree(path, local_dir, skip=None):
+    """Copies every file under ``path`` (any store) into ``local_dir``, but
+    those whose relative path ``skip`` is true for; returns the sizes dict
+    :func:`upload_tree` takes, so that what was just downloaded is not
+    uploaded back."""
     sizes = {}
-    if not is_remote(path):
-        if os.path.isdir(path) and os.path.abspath(path) != os.path.abspath(local_dir):
-            shutil.copytree(path, local_dir, dirs_exist_ok=True)
-        return upload_tree(local_dir, local_dir, sizes) if os.path.isdir(local_dir) else sizes
     for relative in list_files(path):
+        if skip is not None and skip(relative):
+            continue
         target = os.path.join(local_dir, *relative.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with _remote_errors(path, "reading"):
-            _fs(path).get_file(join(path, relative), target)
+        if not is_remote(path):
+            shutil.copyfile(join(path, relative), target)
+        else:
+            with _remote_errors(path, "reading"):
+                _fs(path).get_file(join(path, relative), target)
         sizes[relative] = os.path.getsize(target)
     return sizes
 

@@ -83,8 +83,7 @@ def pytest_collection_modifyitems(config, items):
 # the session.  Calling it gives a fresh gs://BUCKET/PREFIX for one test.
 # Skipped where gcp-storage-emulator or gcsfs is not installed.
 
-_EMULATOR_VARIABLES = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                       "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+_EMULATOR_VARIABLES = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
 
 
 class GcsEmulator:

@@ -149,6 +149,7 @@ _TARGETS = {
     "compose": _object_target,
     "copy": _destination_target,
     "rewrite": _destination_target,
+    "delete": _object_target,
 }
 
 

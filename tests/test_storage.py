@@ -79,56 +79,46 @@ def test_check_path_accepts_a_bucket(gcs_emulator):
 
 @pytest.fixture
 def clean_environment(monkeypatch):
-    for name in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                 "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "EPATH_USE_TF"):
+    for name in ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
 
-def test_environment_points_tensorstore_at_the_emulator(clean_environment):
+def test_an_emulator_turns_off_gcsfs_bucket_type_probe(clean_environment):
     clean_environment.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
     storage._configure_environment()
-    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://localhost:4443"
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
-    assert os.environ["EPATH_USE_TF"] == "false"
 
 
 def test_environment_keeps_the_users_own_values(clean_environment):
     clean_environment.setenv("STORAGE_EMULATOR_HOST", "http://localhost:4443")
-    clean_environment.setenv("TENSORSTORE_GCS_HTTP_URL", "http://elsewhere:9000")
     clean_environment.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "true")
-    clean_environment.setenv("EPATH_USE_TF", "true")
     storage._configure_environment()
-    assert os.environ["TENSORSTORE_GCS_HTTP_URL"] == "http://elsewhere:9000"
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "true"
-    assert os.environ["EPATH_USE_TF"] == "true"
 
 
 @pytest.mark.parametrize("value", ["", "default"])
-def test_environment_without_an_emulator(clean_environment, value):
+def test_environment_without_an_emulator_is_left_alone(clean_environment, value):
     clean_environment.setenv("STORAGE_EMULATOR_HOST", value)
     storage._configure_environment()
-    assert "TENSORSTORE_GCS_HTTP_URL" not in os.environ
     assert "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT" not in os.environ
-    assert os.environ["EPATH_USE_TF"] == "false"
 
 
 def test_environment_is_set_when_the_module_is_imported(tmp_path):
     """In a new process (the module alone, by its file: no Keras to import)."""
     environment = {k: v for k, v in os.environ.items()
-                   if k not in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-                                "EPATH_USE_TF")}
+                   if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
     environment["STORAGE_EMULATOR_HOST"] = "http://localhost:4443"
     program = ("import importlib.util, json, os, sys\n"
                "spec = importlib.util.spec_from_file_location('s', sys.argv[1])\n"
                "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-               "print(json.dumps({k: os.environ.get(k) for k in ('TENSORSTORE_GCS_HTTP_URL',"
-               " 'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'EPATH_USE_TF')}))\n")
+               "print(json.dumps({k: os.environ.get(k) for k in ("
+               "'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'EPATH_USE_TF')}))\n")
     output = subprocess.run([sys.executable, "-c", program, storage.__file__], env=environment,
                             capture_output=True, text=True, check=True, timeout=60).stdout
-    assert json.loads(output) == {"TENSORSTORE_GCS_HTTP_URL": "http://localhost:4443",
-                                  "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-                                  "EPATH_USE_TF": "false"}
+    # Nothing else of the user's process is changed (etils.epath's choice included).
+    assert json.loads(output) == {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+                                  "EPATH_USE_TF": os.environ.get("EPATH_USE_TF")}
 
 
 # --- Reading and writing ------------------------------------------------------------
@@ -459,3 +449,28 @@ def test_local_generation_changes_within_one_clock_tick(tmp_path):
     storage.write_bytes(path, b"two")
     os.utime(path, ns=(mtime, mtime))  # as a coarse clock would have it
     assert storage.generation(path) != first
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_remove_if_unchanged_removes_only_the_version_that_was_read(where, tmp_path,
+                                                                   gcs_emulator):
+    base = str(tmp_path) if where == "local" else gcs_emulator("unchanged")
+    path = storage.join(base, "lock")
+    storage.write_bytes(path, b"first")
+    read = storage.generation(path)
+    storage.write_bytes(path, b"second")          # another process rewrote it
+    assert storage.remove_if_unchanged(path, read) is False
+    assert storage.read_bytes(path) == b"second"
+    assert storage.remove_if_unchanged(path, storage.generation(path)) is True
+    assert not storage.exists(path)
+    assert storage.remove_if_unchanged(path, read) is False   # gone: nothing to remove
+
+
+def test_rmtree_and_rename_take_names_literally(gcs_emulator):
+    base = gcs_emulator("literal")
+    for name in ("exp1/a", "exp2/a", "exp[12]/a"):
+        storage.write_bytes(storage.join(base, name), name.encode())
+    storage.rename(storage.join(base, "exp[12]/a"), storage.join(base, "exp[12]/b"))
+    storage.rmtree(storage.join(base, "exp[12]"))
+    assert storage.list_files(base) == ["exp1/a", "exp2/a"]
+    assert storage.read_bytes(storage.join(base, "exp1/a")) == b"exp1/a"

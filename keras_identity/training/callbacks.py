@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 
 import keras
 
@@ -197,17 +198,17 @@ def tensorboard(log_dir):
     """The callbacks that write the run's TensorBoard logs into ``log_dir``:
     Keras's ``TensorBoard`` callback on the TensorFlow backend,
     :class:`EpochSummaries` (no TensorFlow needed) on the others.  For a
-    bucket, they write into a local folder that :class:`UploadLogs` copies
-    up after every epoch and at the end (TensorFlow's own file system would
+    bucket, :class:`EpochSummaries` on either backend (it flushes every
+    epoch) writes into a local folder that :class:`UploadLogs` copies up
+    after every epoch and at the end (TensorFlow's own file system would
     reach a bucket only where TensorFlow is installed, with credentials and
     an emulator setting of its own)."""
-    local = tempfile.mkdtemp(prefix="keras_identity_tensorboard_") \
-        if storage.is_remote(log_dir) else log_dir
+    if storage.is_remote(log_dir):
+        local = tempfile.mkdtemp(prefix="keras_identity_tensorboard_")
+        return [EpochSummaries(local), UploadLogs(local, log_dir)]
     if keras.backend.backend() == "tensorflow":
-        writer = keras.callbacks.TensorBoard(local, update_freq="epoch")
-    else:
-        writer = EpochSummaries(local)
-    return [writer] if local == log_dir else [writer, UploadLogs(local, log_dir)]
+        return [keras.callbacks.TensorBoard(log_dir, update_freq="epoch")]
+    return [EpochSummaries(log_dir)]
 
 
 class UploadLogs(keras.callbacks.Callback):
@@ -229,10 +230,14 @@ class UploadLogs(keras.callbacks.Callback):
     def finish(self):
         """Uploads what is left and removes the local folder (also called
         when a stop signal or an error ends training, where Keras calls no
-        ``on_train_end``)."""
+        ``on_train_end``: a failed upload is then a warning, never the
+        error that ends the run)."""
         if os.path.isdir(self.local_dir):
             try:
                 storage.upload_tree(self.local_dir, self.log_dir, self._sizes)
+            except OSError as error:
+                warnings.warn(f"the last TensorBoard logs were not copied to {self.log_dir}: "
+                              f"{error}", stacklevel=2)
             finally:
                 shutil.rmtree(self.local_dir, ignore_errors=True)
 

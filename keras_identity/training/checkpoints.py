@@ -2,15 +2,16 @@
 
 A checkpoint is written at the end of every epoch (an epoch of
 ``steps_per_epoch`` steps) and inside epochs (:mod:`preemption`: a stop
-signal, ``--checkpoint_every``): first the weights file (model and optimizer
-variables) under a temporary name that is atomically renamed, then its state
-(``ckpt-<step>.state.json``: step, epoch, history and, inside an epoch, the
-epoch's metric sums) and ``state.json`` naming the latest.  The state is
-written whole (as ``ckpt-<step>.state.json.partial``) before the weights file
-takes its name, so a weights file under its own name always has its state or
-that whole ``.partial`` beside it: a run killed at any moment therefore finds
-an intact checkpoint (completing one whose state was not yet renamed) and
-loses at most the training since it.  A latest checkpoint that cannot be read
+signal, ``--checkpoint_every``), into a local folder or a bucket
+(:mod:`keras_identity.storage`, where every file appears whole: locally by
+an atomic rename, in a bucket when its upload ends): first its state
+(``ckpt-<step>.state.json.partial``: step, epoch, history and, inside an
+epoch, the epoch's metric sums), then the weights file (model and optimizer
+variables, ``ckpt-<step>.weights.h5``), then the state under its own name
+and ``state.json`` naming the latest.  So a weights file under its own name
+always has its state or that whole ``.partial`` beside it: a run killed at
+any moment therefore finds an intact checkpoint (completing one whose state
+was not yet renamed) and loses at most the training since it.  A latest checkpoint that cannot be read
 (a damaged disk, a copy cut short, a state whose step, epoch or weights name
 disagree, a file that is not a regular file) is skipped with a warning for
 the newest one that can.
@@ -111,7 +112,8 @@ class Checkpointer:
         if storage.isdir(self.state_path) or (
                 storage.exists(self.state_path) and not storage.isfile(self.state_path)):
             raise CheckpointError(
-                f"{self.state_path} is not a regular file ({storage.kind(self.state_path)}); it is the "
+                f"{self.state_path} is not a regular file ({storage.kind(self.state_path)}); it "
+                f"is the "
                 f"index of the run's checkpoints: remove it (each checkpoint keeps its own "
                 f"state), or use a new --model_dir.")
 
@@ -142,11 +144,12 @@ class Checkpointer:
             # The state first, whole, under its temporary name: a weights file
             # under its own name always has its state or this beside it.
             written += [own_state + ".partial", path]
-            storage.write_json(own_state + ".partial", state, indent=None)
+            # As json.dump wrote it: a NaN in the history stays NaN.
+            storage.write_text(own_state + ".partial", json.dumps(state))
             storage.write_bytes(path, weights)
             self._written.add(path)
             storage.rename(own_state + ".partial", own_state)
-            storage.write_json(self.state_path, state, indent=None)
+            storage.write_text(self.state_path, json.dumps(state))
         except Exception as error:  # OSError, h5py's errors
             for leftover in written:
                 try:
@@ -198,14 +201,13 @@ class Checkpointer:
         """The step of the latest readable checkpoint, or None."""
         try:
             state = self.latest()
-        except CheckpointError:
+        except (CheckpointError, OSError):  # also a store that cannot be reached now
             return None
         return None if state is None else state["step"]
 
     def _weights_files(self):
         return [storage.join(self.directory, name) for name in storage.listdir(self.directory)
-                if re.fullmatch(r"ckpt-.*\.weights\.h5", name)
-                and not name.endswith(".partial.weights.h5")]
+                if re.fullmatch(r"ckpt-.*\.weights\.h5", name)]
 
     def latest(self):
         """The saved state (``step``, ``epoch``, ``weights``, ``history`` and,

@@ -15,8 +15,11 @@ GCS's generation match 0), which exactly one of two runs starting together
 wins.  It is a lease: the run renews it every :data:`RENEW_SECONDS` from a
 thread and deletes it when it ends (also when a stop signal ends it), and a
 lock not renewed for :data:`LEASE_SECONDS` (its machine lost without
-warning) is taken over by the next run, which says so.  The renewal times
-are the holders' clocks.
+warning) is taken over by the next run, which says so: it deletes the lock
+it read only if the lock is still that version (GCS: the delete's
+generation precondition), so of two runs taking over one, one does.  A
+holder renews only a lock that is still its own, and warns once when it
+finds it taken.  The renewal times are the holders' clocks.
 """
 
 import json
@@ -25,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 
 from keras_identity import storage
 
@@ -53,6 +57,7 @@ class RunLock:
         self._file = None
         self._token = None
         self._stop = None
+        self._thread = None
 
     def acquire(self):
         if storage.is_remote(self.path):
@@ -90,9 +95,10 @@ class RunLock:
         if self._token is not None:
             return self
         self._token = uuid.uuid4().hex
-        for attempt in range(2):
+        for attempt in range(3):
             if storage.create_new(self.path, self._record()):
                 break
+            version = storage.generation(self.path)
             try:
                 held = json.loads(storage.read_bytes(self.path))
                 holder, age = held["holder"], time.time() - float(held["renewed"])
@@ -100,7 +106,7 @@ class RunLock:
                 continue  # released meanwhile
             except (ValueError, KeyError, TypeError):  # a local run's lock, copied up
                 holder, age = None, None
-            if attempt or (age is not None and age <= LEASE_SECONDS):
+            if attempt == 2 or (age is not None and age <= LEASE_SECONDS):
                 self._token = None
                 raise ValueError(
                     f"model_dir={self.model_dir!r} is in use by another training ({holder}, "
@@ -111,27 +117,36 @@ class RunLock:
                 f"{holder} has not renewed it for {age:.0f} s (its machine was lost)"
                 if holder else "it is not a lease this package writes (a local run's lock "
                                "copied into the bucket)"))
-            storage.remove(self.path)
+            storage.remove_if_unchanged(self.path, version)  # another run may be first
         else:
             self._token = None
             raise ValueError(f"model_dir={self.model_dir!r}: the lock {self.path} could not "
                              f"be taken; run the same command again.")
         self._stop = threading.Event()
-        threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
-                         name="keras_identity_run_lock").start()
+        self._thread = threading.Thread(target=self._renew, args=(self._stop,), daemon=True,
+                                        name="keras_identity_run_lock")
+        self._thread.start()
         return self
 
     def _renew(self, stop):
         while not stop.wait(RENEW_SECONDS):
             try:
-                storage.write_bytes(self.path, self._record())
-            except OSError:  # the next renewal tries again; the lease is long
+                held = json.loads(storage.read_bytes(self.path))
+                if held.get("token") != self._token:
+                    warnings.warn(f"the lock {self.path} was taken over by {held.get('holder')} "
+                                  f"(this run did not renew it for {LEASE_SECONDS:.0f} s); two "
+                                  f"runs now write {self.model_dir}: stop one.", stacklevel=1)
+                    return
+                if not stop.is_set():
+                    storage.write_bytes(self.path, self._record())
+            except (OSError, ValueError, AttributeError):  # the next renewal tries again
                 pass
 
     def release(self):
         if self._stop is not None:
             self._stop.set()
             self._stop = None
+            self._thread.join(timeout=60)  # a renewal in flight ends before the delete
             try:
                 held = json.loads(storage.read_bytes(self.path))
                 if held.get("token") == self._token:

@@ -88,11 +88,9 @@ class TunerFolder:
         self.directory = tempfile.mkdtemp(prefix="keras_identity_tune_")
         try:
             project = os.path.join(self.directory, PROJECT)
-            storage.download_tree(storage.join(model_dir, PROJECT), project)
-            for root, folders, _ in os.walk(project):
-                if "progress" in folders:   # read in the bucket (TrialProgress)
-                    shutil.rmtree(os.path.join(root, "progress"))
-                    folders.remove("progress")
+            # A trial's progress is read in the bucket (TrialProgress): not copied.
+            storage.download_tree(storage.join(model_dir, PROJECT), project,
+                                  skip=lambda relative: "/progress/" in f"/{relative}")
             self._published = self._stamps()
         except BaseException:
             self.close()

@@ -47,7 +47,7 @@ def _machine(tmp_path, name):
 def _env(gcs_emulator, tmp):
     env = dict(os.environ, STORAGE_EMULATOR_HOST=gcs_emulator.url, TMPDIR=str(tmp),
                PYTHONUNBUFFERED="1", KERAS_BACKEND=keras.backend.backend())
-    for name in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
+    for name in ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",):
         env.pop(name, None)   # the one variable is enough
     return env
 

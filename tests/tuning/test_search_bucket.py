@@ -30,7 +30,7 @@ def _tune(gcs_emulator, machine, model_dir, *extra):
     cwd, tmp = machine
     env = dict(os.environ, STORAGE_EMULATOR_HOST=gcs_emulator.url, TMPDIR=str(tmp),
                KERAS_BACKEND=keras.backend.backend())
-    for name in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"):
+    for name in ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",):
         env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", *FLAGS,
                            f"--model_dir={model_dir}", *extra], cwd=cwd, env=env,
