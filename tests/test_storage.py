@@ -474,3 +474,23 @@ def test_rmtree_and_rename_take_names_literally(gcs_emulator):
     storage.rmtree(storage.join(base, "exp[12]"))
     assert storage.list_files(base) == ["exp1/a", "exp2/a"]
     assert storage.read_bytes(storage.join(base, "exp1/a")) == b"exp1/a"
+
+
+def test_a_model_starts_from_weights_in_a_bucket(gcs_emulator, tmp_path):
+    import keras
+    import numpy as np
+
+    from keras_identity import models
+
+    source = models.highway_net(depth=3, input_shape=(8, 8, 1), num_classes=3)
+    local = str(tmp_path / "source.keras")
+    source.save(local)
+    remote = storage.join(gcs_emulator("weights"), "source.keras")
+    storage.upload(local, remote)
+    target = models.highway_net(depth=3, input_shape=(8, 8, 1), num_classes=3,
+                                weights=remote)
+    assert all(np.array_equal(a, b) for a, b in zip(source.get_weights(), target.get_weights()))
+    with pytest.raises(ValueError, match=r"weights='gs://.*/missing.keras' does not exist"):
+        models.highway_net(depth=3, input_shape=(8, 8, 1), num_classes=3,
+                           weights=storage.join(gcs_emulator("weights"), "missing.keras"))
+    keras.backend.clear_session()

@@ -4,6 +4,7 @@ import os
 
 import keras
 
+from keras_identity import storage
 from keras_identity.layers.preprocessing import find_preprocessing
 from keras_identity.models.stage import transfer_weights
 
@@ -13,14 +14,19 @@ _SUFFIXES = (".keras", ".weights.h5")
 
 def check_weights_path(weights):
     """Refuses a ``weights`` that is not an existing ``.keras`` or
-    ``.weights.h5`` file (before anything is built)."""
+    ``.weights.h5`` file, local or in a bucket (before anything is built)."""
     if weights is None:
         return
     if not isinstance(weights, (str, os.PathLike)) or not str(weights).endswith(_SUFFIXES):
         raise ValueError(f"weights={weights!r} is not valid; expected None or the path of a "
                          f".keras or .weights.h5 file (no pretrained weights are "
                          f"downloaded).")
-    if not os.path.isfile(weights):
+    try:
+        found = (storage.isfile(str(weights)) if storage.is_remote(str(weights))
+                 else os.path.isfile(weights))
+    except OSError as error:  # a bucket that cannot be read
+        raise ValueError(f"weights={str(weights)!r}: {error}") from None
+    if not found:
         raise ValueError(f"weights={str(weights)!r} does not exist.")
 
 
@@ -61,7 +67,8 @@ def _h5_mismatch(model, path):
 
 
 def load_weights(model, weights):
-    """Loads ``weights`` (a ``.keras`` or ``.weights.h5`` path) into ``model``.
+    """Loads ``weights`` (a ``.keras`` or ``.weights.h5`` path, local or in a
+    bucket) into ``model``.
 
     A ``.keras`` model gives its weights by layer name (and by unit, across
     ``stage_mode``s): the target may leave out the source's classifier
@@ -78,12 +85,17 @@ def load_weights(model, weights):
             not fit.
     """
     check_weights_path(weights)
-    path = str(weights)
+    with storage.local_copy(str(weights)) as local:
+        return _load_weights(model, str(weights), local)
+
+
+def _load_weights(model, path, local):
+    """:func:`load_weights` from ``local``, a local copy of ``path``."""
     if path.endswith(".weights.h5"):
         try:
-            reason = _h5_mismatch(model, path)
+            reason = _h5_mismatch(model, local)
             if reason is None:
-                model.load_weights(path)
+                model.load_weights(local)
         except Exception as error:  # Keras raises ValueError or h5py errors
             reason = " ".join(str(error).split())[:300]
         if reason is not None:
@@ -95,7 +107,7 @@ def load_weights(model, weights):
     from keras_identity.models.saving import load_model
 
     try:
-        source = load_model(path, compile=False)
+        source = load_model(local, compile=False)
     except ValueError as error:
         raise ValueError(f"weights={path!r}: {error}") from None
     names = {layer.name for layer in model.layers}
