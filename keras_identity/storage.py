@@ -460,27 +460,37 @@ def upload(local_path, path):
         _fs(path).put_file(local_path, path)
 
 
-def upload_tree(local_dir, path, sizes=None):
+def _stamp(local_path):
+    """What tells a local file's versions apart: its size and modification
+    time (a rewrite of the same length, as Keras Tuner's JSON files have,
+    changes the second)."""
+    found = os.stat(local_path)
+    return found.st_size, found.st_mtime_ns
+
+
+def upload_tree(local_dir, path, stamps=None, last=()):
     """Copies the files under ``local_dir`` to ``path`` that are new or have
-    changed size since the last call with the same ``sizes`` dict."""
-    sizes = {} if sizes is None else sizes
-    for root, _, names in os.walk(local_dir):
-        for name in names:
-            source = os.path.join(root, name)
-            relative = os.path.relpath(source, local_dir).replace(os.sep, "/")
-            size = os.path.getsize(source)
-            if sizes.get(relative) != size:
-                upload(source, join(path, relative))
-                sizes[relative] = size
-    return sizes
+    changed (:func:`_stamp`) since the last call with the same ``stamps``
+    dict (relative path -> stamp), which it returns updated.  The relative
+    paths in ``last`` go after the others, in that order (what names the
+    other files comes after them)."""
+    stamps = {} if stamps is None else stamps
+    found = {relative: _stamp(os.path.join(local_dir, *relative.split("/")))
+             for relative in list_files(local_dir)}
+    changed = sorted((r for r, stamp in found.items() if stamps.get(r) != stamp),
+                     key=lambda r: (last.index(r) + 1 if r in last else 0, r))
+    for relative in changed:
+        upload(os.path.join(local_dir, *relative.split("/")), join(path, relative))
+        stamps[relative] = found[relative]
+    return stamps
 
 
 def download_tree(path, local_dir, skip=None):
     """Copies every file under ``path`` (any store) into ``local_dir``, but
-    those whose relative path ``skip`` is true for; returns the sizes dict
+    those whose relative path ``skip`` is true for; returns the stamps dict
     :func:`upload_tree` takes, so that what was just downloaded is not
     uploaded back."""
-    sizes = {}
+    stamps = {}
     for relative in list_files(path):
         if skip is not None and skip(relative):
             continue
@@ -491,8 +501,8 @@ def download_tree(path, local_dir, skip=None):
         else:
             with _remote_errors(path, "reading"):
                 _fs(path).get_file(join(path, relative), target)
-        sizes[relative] = os.path.getsize(target)
-    return sizes
+        stamps[relative] = _stamp(target)
+    return stamps
 
 
 def list_files(path):
@@ -516,15 +526,18 @@ def list_files(path):
 
 @contextlib.contextmanager
 def local_copy(path, suffix=""):
-    """Yields a local path holding ``path``'s bytes (``path`` itself when it
-    is local), for libraries that read only local files."""
+    """Yields a local path holding ``path``, a file or a folder (``path``
+    itself when it is local), for libraries that read only local files."""
     if not is_remote(path):
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="keras_identity_") as folder:
         local = os.path.join(folder, basename(path) + suffix)
-        with open(local, "wb") as f:
-            f.write(read_bytes(path))
+        if _remote_type(path) == "directory":
+            download_tree(path, local)
+        else:
+            with open(local, "wb") as f:
+                f.write(read_bytes(path))
         yield local
 
 

@@ -20,9 +20,7 @@ command reports success.
 locally, uploaded, and loaded back from the bucket.
 """
 
-import contextlib
 import os
-import tempfile
 
 from absl import flags
 
@@ -123,8 +121,8 @@ def main(argv):
         _cli.fail(error, 2)
     except storage.StorageError as error:
         _cli.fail(error, 1)
-    try:
-        with _loaded_back(version_dir) as local:
+    try:  # what TF Serving would read, from the bucket for a version there
+        with storage.local_copy(version_dir) as local:
             emulator = ServingEmulator(local)
             replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
     except storage.StorageError as error:
@@ -157,21 +155,6 @@ def _exists(path, name):
     from keras_identity import storage
 
     return _found(storage.exists if storage.is_remote(path) else os.path.exists, path, name)
-
-
-@contextlib.contextmanager
-def _loaded_back(version_dir):
-    """A local folder holding the exported version: the version itself, or
-    one downloaded from its bucket (what TF Serving would read there)."""
-    from keras_identity import storage
-
-    if not storage.is_remote(version_dir):
-        yield version_dir
-        return
-    with tempfile.TemporaryDirectory(prefix="keras_identity_export_") as folder:
-        local = os.path.join(folder, storage.basename(version_dir))
-        storage.download_tree(version_dir, local)
-        yield local
 
 
 def _with_image_size(model, preprocessing):

@@ -254,21 +254,32 @@ def test_upload_tree_uploads_only_what_changed(root, tmp_path, monkeypatch):
     _write_files(local, {"events.1": b"aa", "train/events.2": b"bbb"})
     storage.makedirs(root)
     storage.makedirs(storage.join(root, "train"))  # local targets: the folders exist
-    sizes = storage.upload_tree(local, root)
+    stamps = storage.upload_tree(local, root)
     assert sorted(uploaded) == ["events.1", "train/events.2"]
-    assert sizes == {"events.1": 2, "train/events.2": 3}
+    assert {r: size for r, (size, _) in stamps.items()} == {"events.1": 2, "train/events.2": 3}
     assert storage.read_bytes(storage.join(root, "train", "events.2")) == b"bbb"
 
     uploaded.clear()
-    assert storage.upload_tree(local, root, sizes) == sizes
+    assert storage.upload_tree(local, root, stamps) == stamps
     assert uploaded == []
 
     _write_files(local, {"train/events.2": b"bbbbb", "events.3": b"c"})
-    storage.upload_tree(local, root, sizes)
+    storage.upload_tree(local, root, stamps)
     assert sorted(uploaded) == ["events.3", "train/events.2"]
-    assert sizes == {"events.1": 2, "train/events.2": 5, "events.3": 1}
+    assert {r: size for r, (size, _) in stamps.items()} == {
+        "events.1": 2, "train/events.2": 5, "events.3": 1}
     assert storage.read_bytes(storage.join(root, "train", "events.2")) == b"bbbbb"
     assert storage.listdir(root) == ["events.1", "events.3", "train"]
+
+    # A rewrite of the same length (Keras Tuner's JSON files) is uploaded too;
+    # the files named last go after the others, in that order.
+    uploaded.clear()
+    os.utime(os.path.join(local, "events.1"), ns=(1, 1))
+    _write_files(local, {"events.3": b"d"})
+    os.utime(os.path.join(local, "events.3"), ns=(2, 2))  # a clock's tick may be coarse
+    storage.upload_tree(local, root, stamps, last=("events.3", "events.1"))
+    assert uploaded == ["events.3", "events.1"]
+    assert storage.read_bytes(storage.join(root, "events.3")) == b"d"
 
 
 def test_staged_file_and_folder(root):

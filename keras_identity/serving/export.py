@@ -195,15 +195,8 @@ def _upload_version(local, version_dir):
     new version that fails to upload is removed."""
     existed = storage.exists(version_dir)
     before = storage.list_files(version_dir) if existed else []
-    files = []
-    for root, _, names in os.walk(local):
-        files += [os.path.relpath(os.path.join(root, n), local).replace(os.sep, "/")
-                  for n in names]
-    files.sort(key=lambda f: (f in _SAVED_MODEL_FILES and _SAVED_MODEL_FILES.index(f) + 1, f))
     try:
-        for relative in files:
-            storage.upload(os.path.join(local, *relative.split("/")),
-                           storage.join(version_dir, relative))
+        files = storage.upload_tree(local, version_dir, last=_SAVED_MODEL_FILES)
     except BaseException:
         if not existed:
             try:

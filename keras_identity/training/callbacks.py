@@ -219,10 +219,10 @@ class UploadLogs(keras.callbacks.Callback):
     def __init__(self, local_dir, log_dir):
         super().__init__()
         self.local_dir, self.log_dir = local_dir, log_dir
-        self._sizes = {}
+        self._stamps = {}
 
     def on_epoch_end(self, epoch, logs=None):
-        storage.upload_tree(self.local_dir, self.log_dir, self._sizes)
+        storage.upload_tree(self.local_dir, self.log_dir, self._stamps)
 
     def on_train_end(self, logs=None):
         self.finish()
@@ -234,7 +234,7 @@ class UploadLogs(keras.callbacks.Callback):
         error that ends the run)."""
         if os.path.isdir(self.local_dir):
             try:
-                storage.upload_tree(self.local_dir, self.log_dir, self._sizes)
+                storage.upload_tree(self.local_dir, self.log_dir, self._stamps)
             except OSError as error:
                 warnings.warn(f"the last TensorBoard logs were not copied to {self.log_dir}: "
                               f"{error}", stacklevel=2)

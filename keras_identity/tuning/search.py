@@ -76,12 +76,12 @@ class TunerFolder:
 
     # Uploaded after the trials' files, in this order: what names a trial
     # comes after the trial's own files.
-    _LAST = ("tuner0.json", "oracle.json", RECORDS)
+    _LAST = tuple(f"{PROJECT}/{name}" for name in ("tuner0.json", "oracle.json", RECORDS))
 
     def __init__(self, model_dir):
         self.model_dir = model_dir
         self.remote = storage.is_remote(model_dir)
-        self._published = {}   # relative path -> (size, mtime) uploaded
+        self._published = {}   # relative path -> storage.upload_tree's stamp uploaded
         if not self.remote:
             self.directory = model_dir
             return
@@ -89,9 +89,10 @@ class TunerFolder:
         try:
             project = os.path.join(self.directory, PROJECT)
             # A trial's progress is read in the bucket (TrialProgress): not copied.
-            storage.download_tree(storage.join(model_dir, PROJECT), project,
-                                  skip=lambda relative: "/progress/" in f"/{relative}")
-            self._published = self._stamps()
+            downloaded = storage.download_tree(
+                storage.join(model_dir, PROJECT), project,
+                skip=lambda relative: "/progress/" in f"/{relative}")
+            self._published = {f"{PROJECT}/{r}": stamp for r, stamp in downloaded.items()}
         except BaseException:
             self.close()
             raise
@@ -103,33 +104,12 @@ class TunerFolder:
         relative = os.path.relpath(path, self.directory).replace(os.sep, "/")
         return storage.join(self.model_dir, relative)
 
-    def _stamps(self):
-        stamps = {}
-        for root, _, names in os.walk(self.directory):
-            for name in names:
-                path = os.path.join(root, name)
-                info = os.stat(path)
-                relative = os.path.relpath(path, self.directory).replace(os.sep, "/")
-                stamps[relative] = (info.st_size, info.st_mtime_ns)
-        return stamps
-
     def publish(self):
         """Uploads the files of the staging folder that are new or changed
-        (by size or modification time) since they were last uploaded."""
-        if not self.remote:
-            return
-        stamps = self._stamps()
-        changed = [r for r, stamp in stamps.items() if self._published.get(r) != stamp]
-
-        def order(relative):
-            name = relative.rsplit("/", 1)[-1]
-            last = relative.count("/") == 1 and name in self._LAST
-            return (self._LAST.index(name) + 1 if last else 0, relative)
-
-        for relative in sorted(changed, key=order):
-            storage.upload(os.path.join(self.directory, *relative.split("/")),
-                           storage.join(self.model_dir, relative))
-            self._published[relative] = stamps[relative]
+        since they were last uploaded."""
+        if self.remote:
+            storage.upload_tree(self.directory, self.model_dir, self._published,
+                                last=self._LAST)
 
     @contextlib.contextmanager
     def publishing(self):

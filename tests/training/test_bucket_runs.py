@@ -18,10 +18,10 @@ import pytest
 
 from keras_identity import storage
 from keras_identity.training import ConfigError
-from keras_identity.training import TrainConfig
 from keras_identity.training import run_lock
 from keras_identity.training import train
 from tests.backend import jax_only
+from tests.training.test_run_files import _config  # the same run as on a local disk
 from tests.programs import LineWatch
 from tests.programs import error_lines
 
@@ -164,14 +164,6 @@ def test_a_missing_bucket_is_one_line_and_leaves_nothing(gcs_emulator, tmp_path)
 
 
 # --- a damaged index in the bucket (tests/training/test_run_files.py's cases) --
-
-
-def _config(model_dir, **kwargs):
-    base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
-                epochs=2, batch_size=64, verbose=0, seed=1, deterministic=True,
-                keep_checkpoints=2, model_dir=str(model_dir))
-    base.update(kwargs)
-    return TrainConfig(**base)
 
 
 @pytest.fixture(scope="module")
