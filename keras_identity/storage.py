@@ -40,9 +40,14 @@ import tempfile
 _PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
 
 
+def _emulator():
+    """Whether ``STORAGE_EMULATOR_HOST`` names an emulator (Google's clients
+    take ``default`` as none)."""
+    return os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("", "default")
+
+
 def _configure_environment():
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
-    if emulator and emulator != "default":
+    if _emulator():
         os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
@@ -118,8 +123,7 @@ def _filesystem(found, name="model_dir"):
             import fsspec
 
             options = {}
-            if found == "gs" and os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("",
-                                                                                    "default"):
+            if found == "gs" and _emulator():
                 options["token"] = "anon"  # an emulator takes no credentials
                 _without_bucket_probe(fsspec)
             _FILESYSTEMS[found] = fsspec.filesystem(found, **options)
