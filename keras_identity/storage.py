@@ -32,6 +32,7 @@ import json
 import math
 import os
 import posixpath
+import re
 import shutil
 import stat
 import tempfile
@@ -40,10 +41,18 @@ import tempfile
 _PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
 
 
+def emulator_host():
+    """The URL of the GCS emulator that ``STORAGE_EMULATOR_HOST`` names, or
+    None (Google's clients take ``default`` as none); a bare ``host:port``
+    is taken as ``http://host:port``."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if host in ("", "default"):
+        return None
+    return host if "://" in host else f"http://{host}"
+
+
 def _emulator():
-    """Whether ``STORAGE_EMULATOR_HOST`` names an emulator (Google's clients
-    take ``default`` as none)."""
-    return os.environ.get("STORAGE_EMULATOR_HOST", "") not in ("", "default")
+    return emulator_host() is not None
 
 
 def _configure_environment():
@@ -88,6 +97,10 @@ def check_path(path, name="model_dir"):
     bucket = path.split("://", 1)[1].split("/", 1)[0]
     if not bucket:
         raise ValueError(f"{name}={path!r} names no bucket; expected {found}://BUCKET/path")
+    if found == "gs" and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
+        raise ValueError(f"{name}={path!r}: {bucket!r} is not a GCS bucket name; expected 3 "
+                         f"to 63 lowercase letters, digits, dashes, underscores or dots (up "
+                         f"to 222 with dots), starting and ending with a letter or digit")
     _filesystem(found, name)
 
 

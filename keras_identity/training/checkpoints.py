@@ -75,8 +75,27 @@ def out_of_space(error):
         error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error))
 
 
+def check_free_space(directory, needed):
+    """Raises ``OSError(ENOSPC)`` when a local ``directory`` has fewer than
+    ``needed`` bytes free (a bucket is not asked)."""
+    free = storage.free_bytes(directory)
+    if free is not None and free < needed:
+        raise OSError(errno.ENOSPC, f"No space left on device: {free / 2 ** 20:.1f} MiB "
+                                    f"free, about {needed / 2 ** 20:.1f} MiB needed")
+
+
+# The folder of an Orbax checkpoint (:mod:`orbax_checkpoints`: the JAX route's).
+ORBAX_FOLDER = re.compile(r"ckpt_(\d{9})")
+
+
 class Checkpointer:
     """Saves and restores the training state in ``<model_dir>/checkpoints``."""
+
+    # Whether every process of a multi-process run writes the checkpoint
+    # (Orbax's), rather than process 0 alone.
+    collective = False
+    # Whether Orbax checkpoints in the folder are read (else refused).
+    reads_orbax = False
 
     def __init__(self, directory, keep=2, identity=None, owns_directory=False):
         """``identity``: the run's flags (:func:`trainer.run_identity`); kept
@@ -133,11 +152,7 @@ class Checkpointer:
         written = []
         try:
             storage.makedirs(self.directory)
-            needed = checkpoint_bytes(model) + len(json.dumps(state)) * 2
-            free = storage.free_bytes(self.directory)
-            if free is not None and free < needed:
-                raise OSError(errno.ENOSPC, f"No space left on device: {free / 2 ** 20:.1f} MiB "
-                                            f"free, about {needed / 2 ** 20:.1f} MiB needed")
+            check_free_space(self.directory, checkpoint_bytes(model) + len(json.dumps(state)) * 2)
             weights = _weights_bytes(model)
             if storage.exists(path) and path not in self._written and not self.owns_directory:
                 self._set_aside(path)
@@ -162,25 +177,31 @@ class Checkpointer:
                     storage.remove(own_state)
             except OSError:
                 pass
-            previous = self.latest_step()
-            cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:240]
-            fix = ("free space" if out_of_space(error) else
-                   f"make {self.directory} writable" if isinstance(error, PermissionError)
-                   else "fix the cause")
-            raise WriteError(
-                f"cannot write the checkpoint of step {step} into {self.directory} ({cause}); "
-                + (f"the checkpoint of step {previous} is intact: {fix} and run the same "
-                   f"command to resume" if previous is not None else
-                   f"no checkpoint was written: {fix} and run the same command")) from None
-        # Only this run's own checkpoints make room: those it wrote and those
-        # of the run it continues (at or before the step it restored).
+            raise write_error(self.directory, step, error, self.latest_step()) from None
+        self._remove_old()
+
+    def _remove_old(self):
+        """Keeps the newest ``keep`` checkpoints of this run: only its own make
+        room (those it wrote and those of the run it continues, at or before
+        the step it restored)."""
         own = [f for f in self._weights_files() if self.owns_directory
-               or f in self._written or _step_of(f) <= self._continued_step]
+               or f in self._written or step_of(f) <= self._continued_step]
         for old in own[:-self.keep]:
-            storage.remove(old)
-            self._written.discard(old)
-            for leftover in (_state_of(old), _state_of(old) + ".partial"):
-                storage.remove(leftover)
+            self._remove_checkpoint(old)
+
+    def _remove_checkpoint(self, path):
+        """Removes the HDF5 checkpoint ``path`` and its state."""
+        storage.remove(path)
+        self._written.discard(path)
+        for leftover in (_state_of(path), _state_of(path) + ".partial"):
+            storage.remove(leftover)
+
+    def finish(self):
+        """Waits for a checkpoint still being written (none here: a save
+        returns once its files are whole)."""
+
+    def close(self):
+        """Ends the checkpointer's work (:meth:`finish`); never raises."""
 
     def _set_aside(self, path):
         """Renames a checkpoint this run did not write (one it could not read,
@@ -205,8 +226,11 @@ class Checkpointer:
             return None
         return None if state is None else state["step"]
 
-    def _weights_files(self):
-        return [storage.join(self.directory, name) for name in storage.listdir(self.directory)
+    def _weights_files(self, names=None):
+        """The folder's HDF5 checkpoints, oldest first (``names``: its
+        listing, when the caller has it)."""
+        names = storage.listdir(self.directory) if names is None else names
+        return [storage.join(self.directory, name) for name in names
                 if re.fullmatch(r"ckpt-.*\.weights\.h5", name)]
 
     def latest(self):
@@ -229,7 +253,15 @@ class Checkpointer:
                 their own).
         """
         self.check_directory()
-        files = self._weights_files()
+        names = storage.listdir(self.directory)
+        orbax = [name for name in names if ORBAX_FOLDER.fullmatch(name)]
+        if orbax and not self.reads_orbax:
+            raise CheckpointError(
+                f"{self.directory} holds Orbax checkpoints (the newest: {orbax[-1]}), written "
+                f"on the JAX backend, and this run reads and writes HDF5 checkpoints: continue "
+                f"the run with --backend=jax (orbax-checkpoint installed, "
+                f"--checkpoint_format=orbax), or use a new --model_dir.")
+        files = self._weights_files(names)
         candidates = self._candidates(files)
         newest = candidates[0][1] if candidates else None
         problem = None
@@ -325,7 +357,7 @@ class Checkpointer:
                 skipped.append(f"{storage.basename(path)} (trained with other flags)")
                 continue
             try:
-                _load_weights(model, path)
+                load_weights(model, path)
             except storage.StorageError as error:  # the store, not the file
                 raise CheckpointError(f"cannot read {path}: {error.strerror}") from None
             except Exception as error:  # h5py OSError, KeyError, ValueError, ...
@@ -339,6 +371,21 @@ class Checkpointer:
             return candidate
         raise CheckpointError(f"no checkpoint in {self.directory} can be read: "
                               f"{', '.join(skipped)}; use a new --model_dir.")
+
+
+def write_error(directory, step, error, previous):
+    """The :class:`WriteError` of a checkpoint of ``step`` that could not be
+    written into ``directory`` for ``error``; ``previous``: the step of the
+    checkpoint still intact (None: none)."""
+    cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:240]
+    fix = ("free space" if out_of_space(error) else
+           f"make {directory} writable" if isinstance(error, PermissionError)
+           else "fix the cause")
+    return WriteError(
+        f"cannot write the checkpoint of step {step} into {directory} ({cause}); "
+        + (f"the checkpoint of step {previous} is intact: {fix} and run the same "
+           f"command to resume" if previous is not None else
+           f"no checkpoint was written: {fix} and run the same command"))
 
 
 def _weights_bytes(model):
@@ -369,7 +416,7 @@ def _weights_bytes(model):
     return buffer.getvalue()
 
 
-def _load_weights(model, path):
+def load_weights(model, path):
     """``model.load_weights``, refusing a file that does not hold exactly the
     model's and its optimizer's variables (Keras only warns, loads what
     matches and leaves the rest: another depth's checkpoint would restart the
@@ -416,7 +463,7 @@ def _state_of(weights_path):
     return weights_path[:-len(".weights.h5")] + ".state.json"
 
 
-def _step_of(weights_path):
+def step_of(weights_path):
     """The step in a ``ckpt-<step>.weights.h5`` name (-1 for another name)."""
     found = re.search(r"ckpt-(\d+)\.weights\.h5$", weights_path)
     return int(found.group(1)) if found else -1

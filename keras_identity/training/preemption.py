@@ -417,6 +417,7 @@ def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, st
             histories += _fit_segments(model, make_train, validation_data, callbacks,
                                        in_epoch, strategy, steps_per_epoch, step, end_step,
                                        metrics, verbose)
+            checkpointer.finish()
             break
         except SaveRequest as request:
             step = request.step
@@ -436,6 +437,7 @@ def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, st
                     print_fn(f"checkpoint at step {step:,} "
                              f"({place(step, steps_per_epoch)})")
             if request.signal_name is not None:
+                checkpointer.finish()  # written, not just begun
                 strategies.barrier(strategy, "keras_identity_stopped")
                 raise Stopped(request.signal_name, step, steps_per_epoch,
                               stop_directory or checkpointer.directory) from None

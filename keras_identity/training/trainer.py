@@ -26,6 +26,7 @@ from keras_identity.data import normalization as normalization_lib
 from keras_identity.models import registry
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
+from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import recipes as recipes_lib
 from keras_identity.training import run_lock
@@ -34,6 +35,7 @@ from keras_identity.training.optimizers import MomentumSGD
 from keras_identity import _cpu_kernels as cpu_kernels
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+CHECKPOINT_FORMATS = ("orbax", "h5")
 
 
 # The inputs of a run (run_identity) and its length, in its model_dir.
@@ -106,6 +108,10 @@ class TrainConfig:
     model_dir: str = setting(None, "Output directory (default: a folder of runs/ named by "
                              "model, depth and dataset).")
     keep_checkpoints: int = setting(2, "Checkpoints kept.")
+    checkpoint_format: str = setting(
+        None, "Checkpoints as Orbax checkpoints (asynchronous, written by every process; JAX "
+        "only, the default there where orbax-checkpoint is installed) or Keras HDF5 weights "
+        "files (h5: TensorFlow's).", CHECKPOINT_FORMATS)
     checkpoint_every: str = setting(
         preemption.DEFAULT_CHECKPOINT_EVERY, "Checkpoints inside an epoch as well as at its "
         "end: every N steps (500), or every span of training time (90s, 10m, 1h); 'epoch': "
@@ -173,6 +179,13 @@ class TrainConfig:
             if value is not None:
                 _checks.check_positive_int(name, value)
         _checks.check_positive_int("keep_checkpoints", self.keep_checkpoints)
+        if self.checkpoint_format == "orbax" and keras.backend.backend() != "jax":
+            raise ValueError(f"checkpoint_format='orbax' is not valid on the "
+                             f"{keras.backend.backend()} backend; Orbax checkpoints are the JAX "
+                             f"route's (--backend=jax), TensorFlow writes h5.")
+        if self.checkpoint_format == "orbax" and not orbax_checkpoints.available():
+            raise ValueError("checkpoint_format='orbax' needs orbax-checkpoint, which is not "
+                             "installed: pip install orbax-checkpoint (or keras-identity[jax]).")
         preemption.parse_checkpoint_every(self.checkpoint_every)
         if self.stop_signal is not None:
             preemption.signal_number(self.stop_signal)
@@ -196,6 +209,15 @@ class TrainConfig:
         registry.check_model_kwargs(self.model, self.depth, self.dataset, **self.model_kwargs)
         if self.lr_decay is not None:
             self.check_exponential_schedule("lr_decay")
+
+    @property
+    def resolved_checkpoint_format(self):
+        """``--checkpoint_format``, or its default: orbax on JAX where
+        orbax-checkpoint is installed, else h5."""
+        if self.checkpoint_format is not None:
+            return self.checkpoint_format
+        return ("orbax" if keras.backend.backend() == "jax" and orbax_checkpoints.available()
+                else "h5")
 
     @property
     def family(self):
@@ -633,6 +655,15 @@ class Run:
         return not self.chief and isinstance(self.strategy, strategies.KerasDistribution)
 
 
+def make_checkpointer(config, identity):
+    """The run's checkpointer, of ``config.resolved_checkpoint_format``."""
+    directory = storage.join(config.model_dir, "checkpoints")
+    if config.resolved_checkpoint_format == "orbax":
+        return orbax_checkpoints.OrbaxCheckpointer(directory, keep=config.keep_checkpoints,
+                                                   identity=identity)
+    return checkpoints.Checkpointer(directory, keep=config.keep_checkpoints, identity=identity)
+
+
 def prepare(config, strategy=None):
     """Validates ``config``, picks the strategy (unless one is given), loads the
     data and resolves the recipe.  Every problem found here raises
@@ -678,9 +709,7 @@ def prepare(config, strategy=None):
             config.steps_per_execution, schedule, strategies.is_tpu(strategy))
         check_distributed_step(config, strategy, steps_per_execution)
         identity = run_identity(config, data, recipe, schedule, normalization, augmentation)
-        checkpointer = checkpoints.Checkpointer(
-            storage.join(config.model_dir, "checkpoints"), keep=config.keep_checkpoints,
-            identity=identity)
+        checkpointer = make_checkpointer(config, identity)
         strategies.check_same_in_processes(
             strategy, zlib.crc32(storage.normalize(config.model_dir).encode()),
             "--model_dir (a digest of the path)")
@@ -747,6 +776,7 @@ def train(config, print_fn=print, strategy=None):
     try:
         return _train(run, print_fn, started)
     finally:
+        run.checkpointer.close()  # a checkpoint still being written is waited for
         if run.lock is not None:
             run.lock.release()
         if run.scratch:
@@ -899,9 +929,11 @@ def _train(run, print_fn, started):
         multi_worker.prepare(model, strategy)
 
     title = f"{model.name} on {data.name} ({recipe.name} recipe)"
+    if not (chief or checkpointer.collective):  # saves as process 0 does, into its scratch
+        checkpointer = checkpoints.Checkpointer(storage.join(work_dir, "checkpoints"), keep=1,
+                                                owns_directory=True)
     recorder = callbacks_lib.RunRecorder(
-        checkpointer=checkpointer if chief else checkpoints.Checkpointer(
-            storage.join(work_dir, "checkpoints"), keep=1, owns_directory=True),
+        checkpointer=checkpointer,
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
         steps_per_epoch=schedule.steps_per_epoch,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,

@@ -26,7 +26,8 @@ def quiet(*_):
 def _config(model_dir, **kwargs):
     base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
                 epochs=2, batch_size=64, verbose=0, seed=1, deterministic=True,
-                keep_checkpoints=2, model_dir=str(model_dir))
+                keep_checkpoints=2, model_dir=str(model_dir),
+                checkpoint_format="h5")  # the files named here (JAX's Orbax: test_orbax_checkpoints)
     base.update(kwargs)
     return TrainConfig(**base)
 

@@ -1,0 +1,434 @@
+"""Orbax checkpoints: the JAX route's, asynchronous and written by every process.
+
+On the JAX backend a run's checkpoints are Orbax checkpoints
+(``--checkpoint_format=orbax``, the default there where ``orbax-checkpoint``
+is installed), one folder per step (``checkpoints/ckpt_<step>/``), written
+by ``orbax.checkpoint.CheckpointManager``:
+
+* **Asynchronous.**  :meth:`OrbaxCheckpointer.save` returns once the
+  variables are copied off the devices; the files are written by a
+  background thread while training goes on.  The next checkpoint, the end
+  of the run and a stop signal wait for it (:meth:`~OrbaxCheckpointer.finish`);
+  a write that failed is a :class:`checkpoints.WriteError` there, the
+  checkpoint before it intact.
+* **Collective.**  Every process of a multi-process run saves: each writes
+  the shards it holds, and process 0 commits them into one checkpoint (on a
+  TPU slice, in the run's bucket).
+* **Its state inside.**  The step, epoch, history, an epoch's running metric
+  sums and the run's identity (its flags) are an item of the checkpoint
+  (``state``) beside its arrays (``weights``: the model's and the
+  optimizer's variables, in the model's order), committed with them.
+* **Whole or absent.**  Locally a checkpoint is written under a temporary
+  name renamed at its commit; in a bucket its commit is the file
+  ``commit_success.txt``.  A checkpoint killed before its commit is not
+  listed, so the newest committed one resumes.
+
+The guarantees of :mod:`checkpoints` hold: a checkpoint whose state or
+arrays cannot be read (or do not match the model) is passed over with a
+warning for the newest one that can; one recorded with other flags is
+never resumed; a run deletes only checkpoints it wrote or those of the run
+it continues, and sets aside, never deletes, a newer one it could not read.
+There is no index file: the committed checkpoints are the index.  The
+HDF5 checkpoints of a run trained on TensorFlow so far are read too (the
+newest checkpoint of either format resumes) and removed like this run's own
+once newer ones are kept.
+
+Paths: Orbax reaches a bucket through ``etils.epath`` (folders and small
+files) and TensorStore (arrays).  ``etils.epath`` is pointed at fsspec
+(``EPATH_USE_TF=false``), the layer of every other file of a run
+(:mod:`keras_identity.storage`), so it is the same with TensorFlow installed
+or not; TensorStore is pointed at the emulator that ``STORAGE_EMULATOR_HOST``
+names (``TENSORSTORE_GCS_HTTP_URL``), so an emulator needs that variable
+only.  A user's own setting of either is kept.
+"""
+
+import importlib.util
+import json
+import logging
+import os
+import warnings
+
+import numpy as np
+
+from keras_identity import storage
+from keras_identity.training import checkpoints
+
+_PREFIX = "ckpt"
+_DIGITS = 9
+
+
+def available():
+    """Whether ``orbax-checkpoint`` is installed."""
+    try:
+        return importlib.util.find_spec("orbax.checkpoint") is not None
+    except ImportError:  # no orbax package at all
+        return False
+
+
+def _configure_environment():
+    os.environ.setdefault("EPATH_USE_TF", "false")
+    host = storage.emulator_host()
+    if host is not None:
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
+        # An emulator takes no credentials: TensorStore is given a token
+        # rather than searching for (and logging the lack of) real ones.
+        os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+
+
+class _OrbaxErrors(logging.Filter):
+    """Drops Orbax's error logs and tracebacks (a background write's): this
+    module raises each failure as one line naming the checkpoint."""
+
+    def filter(self, record):
+        return not ((record.levelno >= logging.ERROR or record.exc_info)
+                    and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
+
+
+def _quiet_errors():
+    logger = logging.getLogger("absl")  # Orbax logs through absl.logging
+    if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
+        logger.addFilter(_OrbaxErrors())
+
+
+def _name(step):
+    return f"{_PREFIX}_{int(step):0{_DIGITS}d}"
+
+
+def _variables(model):
+    """``{"model": [variable, ...], "optimizer": [variable, ...]}``: what a
+    checkpoint holds (the variables of ``model.save_weights``), in the
+    model's order: a model built again (its layers' automatic names
+    numbered anew) reads it."""
+    return {"model": list(model.weights),
+            "optimizer": list(model.optimizer.variables) if model.optimizer is not None
+            else []}
+
+
+def _is_state(state, step):
+    return (isinstance(state, dict) and state.get("step") == step
+            and isinstance(state.get("epoch"), int) and not isinstance(state["epoch"], bool)
+            and 0 <= state["epoch"] <= step)
+
+
+class OrbaxCheckpointer(checkpoints.Checkpointer):
+    """Saves and restores the training state as Orbax checkpoints in
+    ``<model_dir>/checkpoints`` (the interface of
+    :class:`checkpoints.Checkpointer`; every process calls it alike)."""
+
+    collective = True
+    reads_orbax = True
+
+    def __init__(self, directory, keep=2, identity=None):
+        super().__init__(directory, keep=keep, identity=identity)
+        self._manager = None
+        self._pending = None          # the step being written in the background
+        self._steps_written = set()   # Orbax checkpoints this object wrote
+        self._continued = set()       # names of the continued run's checkpoints
+
+    # -- Orbax ------------------------------------------------------------
+
+    def _orbax(self):
+        _configure_environment()
+        import orbax.checkpoint as ocp
+
+        _quiet_errors()
+        return ocp
+
+    def _checkpoints(self):
+        """The ``CheckpointManager`` of the folder (made on first use; it
+        creates nothing until a checkpoint is saved)."""
+        if self._manager is None:
+            ocp = self._orbax()
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=None,  # the keep policy is this module's: only the run's own
+                step_prefix=_PREFIX, step_format_fixed_length=_DIGITS, create=False,
+                enable_async_checkpointing=True)
+            root = (self.directory if storage.is_remote(self.directory)
+                    else os.path.abspath(self.directory))  # TensorStore's paths are absolute
+            self._manager = ocp.CheckpointManager(root, options=options, item_handlers={
+                "weights": ocp.StandardCheckpointHandler(),
+                "state": ocp.JsonCheckpointHandler()})
+        return self._manager
+
+    def _primary(self):
+        import jax
+
+        return jax.process_index() == 0
+
+    def _steps(self):
+        """The committed Orbax checkpoints' steps, newest first."""
+        manager = self._checkpoints()
+        manager.reload()
+        return sorted(manager.all_steps(), reverse=True)
+
+    def _read_state(self, step):
+        ocp = self._orbax()
+        state = self._checkpoints().restore(
+            step, args=ocp.args.Composite(state=ocp.args.JsonRestore()))["state"]
+        if not _is_state(state, step):
+            raise ValueError("its step or epoch is missing or does not match its name")
+        return {**state, "weights": _name(step)}
+
+    def _orbax_states(self):
+        """``(step, state)`` of each committed Orbax checkpoint with a readable
+        state, newest first (a generator; one passed over is warned about)."""
+        for step in self._steps():
+            try:
+                state = self._read_state(step)
+            except Exception as error:  # Orbax's, TensorStore's, JSON's errors
+                warnings.warn(f"passed over {_name(step)} in {self.directory}: its state "
+                              f"cannot be read ({type(error).__name__}: "
+                              f"{' '.join(str(error).split())[:160]}).", stacklevel=3)
+                continue
+            yield step, state
+
+    # -- reading ----------------------------------------------------------
+
+    def latest(self):
+        """The state of the newest checkpoint with a readable state, Orbax or
+        HDF5 (``step``, ``epoch``, ``weights``: its name, ``history``,
+        ``identity``), or None when there is none.
+
+        Raises:
+            CheckpointError: the folder is not what a run writes, or there
+                are checkpoints, but none has a readable state.
+        """
+        self.check_directory()
+        orbax = next(self._orbax_states(), (None, None))[1]
+        try:
+            h5 = super().latest()
+        except checkpoints.CheckpointError:
+            if orbax is None:
+                raise
+            h5 = None
+        if orbax is None and h5 is None and self._steps():
+            raise checkpoints.CheckpointError(
+                f"no checkpoint in {self.directory} has a readable state (Orbax checkpoints "
+                f"{', '.join(_name(s) for s in self._steps())}); nothing was changed there: "
+                f"restore the files, or use a new --model_dir.")
+        if h5 is not None and (orbax is None or h5["step"] > orbax["step"]):
+            return h5
+        return orbax
+
+    def latest_step(self):
+        try:
+            state = self.latest()
+        except (checkpoints.CheckpointError, OSError):
+            return None
+        return None if state is None else state["step"]
+
+    def restore(self, model, state=None):
+        """Loads the newest readable checkpoint (of either format) into
+        ``model`` and its optimizer; see :meth:`checkpoints.Checkpointer.restore`.
+        Newer Orbax checkpoints passed over are set aside (renamed), so
+        this run's next checkpoints never meet them."""
+        state = self.latest() if state is None else state
+        if state is None:
+            return None
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        candidates = [state] + sorted(
+            [other for _, other in self._orbax_states() if other["step"] < state["step"]]
+            + [other for _, other in self._candidates() if other["step"] < state["step"]],
+            key=lambda other: other["step"], reverse=True)
+        skipped = []
+        for candidate in candidates:
+            name = candidate["weights"]
+            if not self.same_identity(candidate):
+                skipped.append(f"{name} (trained with other flags)")
+                continue
+            try:
+                if checkpoints.ORBAX_FOLDER.fullmatch(name):
+                    self._load(model, candidate["step"])
+                else:
+                    checkpoints.load_weights(model, storage.join(self.directory, name))
+            except storage.StorageError as error:
+                raise checkpoints.CheckpointError(
+                    f"cannot read {storage.join(self.directory, name)}: {error.strerror}") \
+                    from None
+            except Exception as error:  # Orbax's, TensorStore's, h5py's errors; a mismatch
+                skipped.append(f"{name} ({type(error).__name__}: "
+                               f"{' '.join(str(error).split())[:120]})")
+                continue
+            if skipped:
+                warnings.warn(f"skipped unreadable checkpoint(s) {', '.join(skipped)} in "
+                              f"{self.directory}; resuming from {name} (step "
+                              f"{candidate['step']}).", stacklevel=2)
+            self._continued_step = int(candidate["step"])
+            # The run continued: the checkpoints restored or passed over for
+            # it, with a readable state of this run's flags (no other's).
+            self._continued = {other["weights"] for other in candidates
+                               if other["step"] <= self._continued_step
+                               and self.same_identity(other)}
+            self._set_aside_newer(self._continued_step)
+            return candidate
+        raise checkpoints.CheckpointError(f"no checkpoint in {self.directory} can be read: "
+                                          f"{', '.join(skipped)}; use a new --model_dir.")
+
+    def _load(self, model, step):
+        """Assigns the arrays of the Orbax checkpoint of ``step`` to the
+        model's and optimizer's variables, refusing a checkpoint that does not
+        hold exactly those variables with their shapes."""
+        ocp = self._orbax()
+        by_group = _variables(model)
+        saved = self._checkpoints().item_metadata(step)["weights"] or {}
+        for group, variables in by_group.items():
+            kept = list(saved.get(group) or [])
+            if len(kept) != len(variables):
+                raise ValueError(f"it holds {len(kept)} {group} variables, the model "
+                                 f"{len(variables)}")
+            for meta, variable in zip(kept, variables):
+                if tuple(meta.shape) != tuple(variable.shape):
+                    raise ValueError(f"{variable.path} has shape {tuple(meta.shape)} there, "
+                                     f"{tuple(variable.shape)} in the model")
+        target = {group: [_abstract(variable) for variable in variables]
+                  for group, variables in by_group.items()}
+        restored = self._checkpoints().restore(
+            step, args=ocp.args.Composite(weights=ocp.args.StandardRestore(target)))["weights"]
+        for group, variables in by_group.items():
+            for value, variable in zip(restored[group], variables):
+                variable.assign(value)
+
+    # -- writing ----------------------------------------------------------
+
+    def save(self, model, *, step, epoch, history, extra=None):
+        """Starts writing the checkpoint of ``step`` and returns once its
+        arrays are copied off the devices (the one before is waited for
+        first).  Raises :class:`checkpoints.WriteError` when the one before
+        failed, or this one cannot start; a failure of this one is raised by
+        the next save or :meth:`finish`."""
+        self.finish()
+        ocp = self._orbax()
+        state = {"step": int(step), "epoch": int(epoch), "history": history,
+                 **(extra or {})}
+        if self.identity is not None:
+            state["identity"] = self.identity
+        try:
+            # As JSON writes it (a NaN of the history stays NaN); refused here,
+            # not in the background.
+            json.dumps(state)
+            storage.makedirs(self.directory)
+            checkpoints.check_free_space(
+                self.directory, checkpoints.checkpoint_bytes(model) + len(json.dumps(state)) * 2)
+            tree = {group: [variable.value for variable in variables]
+                    for group, variables in _variables(model).items()}
+            self._checkpoints().save(int(step), args=ocp.args.Composite(
+                weights=ocp.args.StandardSave(tree), state=ocp.args.JsonSave(state)))
+        except Exception as error:
+            self._clean(step)
+            raise checkpoints.write_error(self.directory, step, error,
+                                          self._intact_step()) from None
+        self._pending = int(step)
+
+    def finish(self):
+        """Waits for the checkpoint being written, then keeps the newest
+        ``keep`` checkpoints of the run.  Raises
+        :class:`checkpoints.WriteError` when it could not be written (its
+        partial files removed; the one before intact)."""
+        if self._pending is None:
+            return
+        step, self._pending = self._pending, None
+        try:
+            self._checkpoints().wait_until_finished()
+            if step not in self._steps():
+                raise OSError(f"{_name(step)} was not committed")
+        except Exception as error:
+            self._clean(step)
+            raise checkpoints.write_error(self.directory, step, error,
+                                          self._intact_step()) from None
+        self._steps_written.add(step)
+        self._remove_old()
+
+    def close(self):
+        """Waits for the checkpoint being written and stops Orbax's threads;
+        a failure is a warning (the run already ends with its own error)."""
+        try:
+            self.finish()
+        except checkpoints.WriteError as error:
+            warnings.warn(str(error), stacklevel=2)
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None
+
+    def _intact_step(self):
+        steps = [s for s in self._steps_written if s != self._pending]
+        return max(steps) if steps else self.latest_step()
+
+    def _clean(self, step):
+        """Removes what a failed write of ``step`` left (process 0: Orbax's
+        temporary folder, or a folder in a bucket without its commit)."""
+        try:
+            if not self._primary():
+                return
+            name = _name(step)
+            for entry in storage.listdir(self.directory):
+                if entry.startswith(name + ".orbax-checkpoint-tmp") or (
+                        entry == name and int(step) not in self._steps()):
+                    storage.rmtree(storage.join(self.directory, entry))
+        except Exception:  # the store that failed the write may fail this too
+            pass
+
+    def _remove_old(self):
+        """Keeps the newest ``keep`` checkpoints of the run's own: those this
+        object wrote and those of the run it continues (at or before the step
+        restored, with a readable state of this run's flags), Orbax's and
+        HDF5's."""
+        own = [(step, _name(step)) for step in self._steps()
+               if step in self._steps_written or _name(step) in self._continued]
+        own += [(checkpoints.step_of(path), storage.basename(path))
+                for path in self._weights_files()
+                if storage.basename(path) in self._continued]
+        own.sort(reverse=True)
+        manager = self._checkpoints()
+        for step, name in own[self.keep:]:
+            if checkpoints.ORBAX_FOLDER.fullmatch(name):
+                manager.delete(step)  # collective: process 0 deletes
+                self._steps_written.discard(step)
+            elif self._primary():
+                self._remove_checkpoint(storage.join(self.directory, name))
+        if self._primary() and not self._weights_files() and storage.exists(self.state_path):
+            storage.remove(self.state_path)  # the HDF5 checkpoints' index, none left
+
+    def _set_aside_newer(self, step):
+        """Renames the committed Orbax checkpoints newer than ``step`` that
+        this run did not write (it could not read them) out of the way."""
+        newer = [s for s in self._steps() if s > step and s not in self._steps_written]
+        if newer and self._primary():
+            for other in newer:
+                path = storage.join(self.directory, _name(other))
+                aside = path + ".unread"
+                number = 1
+                while storage.exists(aside):
+                    number += 1
+                    aside = f"{path}.unread{number}"
+                _move_folder(path, aside)
+                warnings.warn(f"kept the checkpoint {_name(other)}, which this run could not "
+                              f"read, as {storage.basename(aside)}.", stacklevel=3)
+        if newer:
+            import jax
+
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                multihost_utils.sync_global_devices("keras_identity_set_aside")
+            self._checkpoints().reload()
+
+
+def _move_folder(source, target):
+    if not storage.is_remote(source):
+        os.replace(source, target)
+        return
+    for relative in storage.list_files(source):
+        storage.rename(storage.join(source, relative), storage.join(target, relative))
+
+
+def _abstract(variable):
+    """What Orbax restores ``variable`` as: on JAX an array of its dtype,
+    shape and sharding (placed as the variable is); elsewhere a NumPy
+    array."""
+    value = variable.value
+    if hasattr(value, "sharding"):
+        import jax
+
+        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding)
+    return np.zeros(tuple(variable.shape), dtype=str(variable.dtype))

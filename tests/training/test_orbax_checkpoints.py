@@ -1,0 +1,237 @@
+"""The JAX route's Orbax checkpoints (``keras_identity.training.orbax_checkpoints``):
+what a checkpoint holds and restores, that training goes on while it is
+written without changing it, a checkpoint killed before its commit or
+damaged passed over for the newest readable one, the keep policy, and runs
+that resume across formats and backends."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from keras_identity.training import ConfigError
+from keras_identity.training import checkpoints
+from keras_identity.training import orbax_checkpoints
+from keras_identity.training import train
+from tests.backend import jax_only
+from tests.training import test_run_files
+
+pytestmark = jax_only
+
+
+def _config(model_dir, **kwargs):
+    """test_run_files' run, with the JAX route's default checkpoints."""
+    return test_run_files._config(model_dir, **{"checkpoint_format": None, **kwargs})
+
+
+def quiet(*_):
+    pass
+
+
+def _model(units=8, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(units),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def _batch(seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(16, 6)).astype("float32"), rng.integers(0, 3, size=16)
+
+
+def _values(model):
+    return [np.array(v.numpy()) for v in model.weights + list(model.optimizer.variables)]
+
+
+def _assert_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def _trained(model, steps=2):
+    for _ in range(steps):
+        model.train_on_batch(*_batch())
+    return model
+
+
+def test_a_checkpoint_restores_weights_optimizer_and_state_exactly(tmp_path):
+    model = _trained(_model())
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"), identity={"seed": 1})
+    history = [{"epoch": 1, "loss": float("nan")}]
+    saver.save(model, step=6, epoch=1, history=history, extra={"metrics": [[1.5, 2.0]]})
+    saver.close()
+    assert os.listdir(tmp_path / "c") == ["ckpt_000000006"]
+    fresh = _model(seed=5)
+    reader = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"), identity={"seed": 1})
+    state = reader.restore(fresh)
+    _assert_equal(_values(fresh), _values(model))
+    assert int(fresh.optimizer.iterations.numpy()) == 2
+    assert state["step"] == 6 and state["epoch"] == 1 and state["metrics"] == [[1.5, 2.0]]
+    assert state["weights"] == "ckpt_000000006" and state["identity"] == {"seed": 1}
+    assert np.isnan(state["history"][0]["loss"])  # NaN stays NaN
+
+
+def test_training_goes_on_while_a_checkpoint_is_written_and_does_not_change_it(tmp_path):
+    """The save returns before the files are written; the steps after it
+    (Keras on JAX donates the variables' buffers to the next step) leave the
+    checkpoint as the variables were at the save."""
+    model = _trained(_model())
+    at_save = _values(model)
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"))
+    saver.save(model, step=2, epoch=0, history=[])
+    _trained(model, steps=3)
+    saver.finish()
+    after = _values(model)
+    assert not all(np.array_equal(a, b) for a, b in zip(at_save, after))
+    fresh = _model(seed=5)
+    orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c")).restore(fresh)
+    _assert_equal(_values(fresh), at_save)
+
+
+def _three(tmp_path, keep=3):
+    """Checkpoints of steps 2, 4 and 6 of one model; the values at each."""
+    model = _model()
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"), keep=keep)
+    values = {}
+    for step in (2, 4, 6):
+        _trained(model, 1)
+        values[step] = _values(model)
+        saver.save(model, step=step, epoch=step // 2, history=[{"step": step}])
+    saver.close()
+    return tmp_path / "c", values
+
+
+def test_a_checkpoint_killed_before_its_commit_is_not_resumed(tmp_path):
+    directory, values = _three(tmp_path)
+    # Killed mid-write: locally still under Orbax's temporary name (in a
+    # bucket, without its commit file: test_bucket_runs).
+    os.rename(directory / "ckpt_000000006", directory / "ckpt_000000006.orbax-checkpoint-tmp-1")
+    reader = orbax_checkpoints.OrbaxCheckpointer(str(directory))
+    fresh = _model(seed=5)
+    assert reader.restore(fresh)["step"] == 4
+    _assert_equal(_values(fresh), values[4])
+
+
+@pytest.mark.parametrize("damage", ["state garbled", "state deleted", "arrays garbled",
+                                    "arrays deleted"])
+def test_a_damaged_checkpoint_is_passed_over_for_the_newest_readable_one_and_kept(
+        tmp_path, damage):
+    directory, values = _three(tmp_path)
+    newest = directory / "ckpt_000000006"
+    if damage == "state garbled":
+        (newest / "state" / "metadata").write_text('{"step": ')
+    elif damage == "state deleted":
+        shutil.rmtree(newest / "state")
+    else:
+        for root, _, names in os.walk(newest / "weights"):
+            for name in names:
+                if damage == "arrays deleted":
+                    os.remove(os.path.join(root, name))
+                elif "ocdbt" in root or name == "manifest.ocdbt":
+                    with open(os.path.join(root, name), "r+b") as f:
+                        f.write(b"\x00" * 64)
+    fresh = _model(seed=5)
+    reader = orbax_checkpoints.OrbaxCheckpointer(str(directory), keep=1)
+    with pytest.warns(UserWarning, match="ckpt_000000006"):
+        state = reader.restore(fresh)
+    assert state["step"] == 4
+    _assert_equal(_values(fresh), values[4])
+    # The unreadable checkpoint is set aside, not deleted nor written over.
+    assert (directory / "ckpt_000000006.unread").is_dir()
+    reader.save(fresh, step=6, epoch=3, history=[])
+    reader.close()
+    assert sorted(os.listdir(directory)) == ["ckpt_000000002", "ckpt_000000006",
+                                             "ckpt_000000006.unread"] or sorted(
+        os.listdir(directory)) == ["ckpt_000000006", "ckpt_000000006.unread"]
+
+
+def test_the_keep_policy_removes_only_the_runs_own_checkpoints(tmp_path):
+    directory, _ = _three(tmp_path, keep=1)
+    assert os.listdir(directory) == ["ckpt_000000006"]
+    # Another run's checkpoint, copied in, older than this run's: kept.
+    shutil.copytree(directory / "ckpt_000000006", directory / "ckpt_000000001")
+    model = _model()
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(directory), keep=1)
+    saver.restore(model)
+    for step in (8, 10):
+        saver.save(model, step=step, epoch=step // 2, history=[])
+    saver.close()
+    assert sorted(os.listdir(directory)) == ["ckpt_000000001", "ckpt_000000010"]
+
+
+def test_a_checkpoint_that_does_not_hold_the_models_variables_is_not_loaded(tmp_path):
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"))
+    saver.save(_model(units=8), step=1, epoch=1, history=[])
+    saver.close()
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"can be read: ckpt_000000001 \(ValueError: .*shape"):
+        orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c")).restore(_model(units=4))
+
+
+def test_state_of_other_flags_is_never_restored(tmp_path):
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"), identity={"seed": 1})
+    saver.save(_model(), step=1, epoch=1, history=[])
+    saver.close()
+    other = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"), identity={"seed": 2})
+    with pytest.raises(checkpoints.CheckpointError, match="trained with other flags"):
+        other.restore(_model())
+
+
+# --- runs ---------------------------------------------------------------------
+
+
+def test_a_jax_run_writes_orbax_checkpoints_and_resumes_as_if_uninterrupted(tmp_path):
+    first = train(_config(tmp_path / "run", epochs=2), quiet)
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+        "ckpt_000000004", "ckpt_000000008"]
+    lines = []
+    resumed = train(_config(tmp_path / "run", epochs=3), lines.append)
+    straight = train(_config(tmp_path / "straight", epochs=3), quiet)
+    assert any(line.startswith("resuming from the checkpoint at step 8") for line in lines)
+    assert [r["loss"] for r in resumed["history"]] == [r["loss"] for r in straight["history"]]
+    assert [r["loss"] for r in first["history"]] == [r["loss"] for r in straight["history"][:2]]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+        "ckpt_000000008", "ckpt_000000012"]
+
+
+def test_an_hdf5_run_continues_as_orbax_and_its_old_checkpoints_go_in_turn(tmp_path):
+    train(_config(tmp_path / "run", epochs=2, checkpoint_format="h5"), quiet)
+    lines = []
+    resumed = train(_config(tmp_path / "run", epochs=4), lines.append)
+    straight = train(_config(tmp_path / "straight", epochs=4), quiet)
+    assert any(line.startswith("resuming from the checkpoint at step 8") for line in lines)
+    np.testing.assert_allclose([r["loss"] for r in resumed["history"]],
+                               [r["loss"] for r in straight["history"]], rtol=1e-6)
+    # Its own HDF5 checkpoints (and their index) made room for the new ones.
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+        "ckpt_000000012", "ckpt_000000016"]
+
+
+def test_an_orbax_run_is_refused_in_one_line_by_an_hdf5_checkpointer(tmp_path):
+    train(_config(tmp_path / "run", epochs=1), quiet)
+    with pytest.raises(ConfigError) as error:
+        train(_config(tmp_path / "run", epochs=2, checkpoint_format="h5"), quiet)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "holds Orbax checkpoints (the newest: ckpt_000000004)" in message
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["ckpt_000000004"]
+
+
+def test_changed_flags_are_refused_from_the_checkpoints_own_record(tmp_path):
+    train(_config(tmp_path / "run", epochs=1), quiet)
+    os.remove(tmp_path / "run" / "run.json")
+    with pytest.raises(ConfigError, match=r"learning_rate: 0.05 != 0.02"):
+        with pytest.warns(UserWarning, match="compared with the record in its checkpoint"):
+            train(_config(tmp_path / "run", epochs=2, learning_rate=0.02), quiet)
+    assert os.listdir(tmp_path / "run" / "checkpoints") == ["ckpt_000000004"]
+    state = json.loads((tmp_path / "run" / "checkpoints" / "ckpt_000000004" / "state"
+                        / "metadata").read_text())
+    assert state["identity"]["learning_rate"] == 0.05
