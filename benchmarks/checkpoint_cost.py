@@ -8,10 +8,19 @@ For each depth, in one process: builds the looped pre-activation bottleneck
 ResNet for CIFAR with momentum SGD (the recipe's optimizer state: one
 momentum per weight), times ``--steps`` training steps (``train_on_batch``,
 the median after one warm-up step), then writes ``--saves`` checkpoints
-with the :class:`~keras_identity.training.checkpoints.Checkpointer` that
-training runs use (the median), and removes them.  A checkpoint is written
-while training waits, so its cost to a run is its time, shown also in
-steps.  ``STORAGE_EMULATOR_HOST`` points ``gs://`` at a local emulator.
+of each format the backend writes (``--formats``; the checkpointers that
+training runs use) and removes them:
+
+* ``h5`` (both backends): training waits while the checkpoint is written.
+* ``orbax`` (JAX): training waits until the variables are copied off the
+  devices, then goes on while the checkpoint is written; the steps taken
+  meanwhile are timed too ("step s, checkpoint in flight"), since the write
+  shares the machine with them.
+
+A checkpoint's cost to a run, in steps, is the time training waited plus
+what the steps in flight lost, over a step's time (medians over the
+checkpoints).  ``STORAGE_EMULATOR_HOST`` points ``gs://`` at a local
+emulator.
 
 Prints a Markdown table naming the machine.
 """
@@ -35,18 +44,22 @@ if __name__ == "__main__":
     flags.DEFINE_integer("saves", 3, "Timed checkpoints.")
     flags.DEFINE_string("model_dir", None, "Where the checkpoints are written: a local folder "
                         "or gs://BUCKET/path (default: a temporary folder).")
+    flags.DEFINE_list("formats", None, "Checkpoint formats (h5, orbax; default: those the "
+                      "backend writes: h5 on TensorFlow, both on JAX).")
+
+# The most steps timed while one checkpoint is in flight.
+_MOST_STEPS_IN_FLIGHT = 200
 
 
-def measure(depth, batch_size, steps, saves, directory):
-    """A row: the median step and checkpoint times of ``depth`` and the
-    checkpoint's size; the checkpoints written into ``directory`` are
-    removed."""
+def measure(depth, batch_size, steps, saves, directory, formats):
+    """Rows, one per format: the median step and checkpoint times of
+    ``depth`` and the checkpoint's size; the checkpoints written into
+    ``directory`` are removed."""
     import keras
     import numpy as np
 
     import keras_identity as ki
     from keras_identity import storage
-    from keras_identity.training import checkpoints
 
     keras.utils.set_random_seed(0)
     model = ki.models.preact_resnet(depth, block="bottleneck")
@@ -57,27 +70,60 @@ def measure(depth, batch_size, steps, saves, directory):
     x = rng.normal(size=(batch_size, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, size=(batch_size,))
     model.train_on_batch(x, y)
-    step_s = []
-    for _ in range(steps):
+
+    def timed_step():
         start = time.perf_counter()
         model.train_on_batch(x, y)
-        step_s.append(time.perf_counter() - start)
-    folder = storage.join(directory, f"checkpoint_cost_{depth}")
-    checkpointer = checkpoints.Checkpointer(folder, keep=1, owns_directory=True)
-    save_s = []
-    try:
-        for step in range(1, saves + 1):
-            start = time.perf_counter()
-            checkpointer.save(model, step=step, epoch=0, history=[])
-            save_s.append(time.perf_counter() - start)
-        size = sum(len(storage.read_bytes(storage.join(folder, name)))
-                   for name in storage.list_files(folder) if name.endswith(".weights.h5"))
-    finally:
-        storage.rmtree(folder)
-    step, save = statistics.median(step_s), statistics.median(save_s)
-    return dict(model=f"preact_resnet{depth}", batch=batch_size, step_s=step, save_s=save,
-                steps=save / step, megabytes=size / 2 ** 20,
-                backend=keras.backend.backend())
+        return time.perf_counter() - start
+
+    step = statistics.median(timed_step() for _ in range(steps))
+    rows = []
+    for kind in formats:
+        folder = storage.join(directory, f"checkpoint_cost_{depth}_{kind}")
+        checkpointer = _checkpointer(kind, folder)
+        paused, written, lost, in_flight = [], [], [], []
+        try:
+            for number in range(1, saves + 1):
+                start = time.perf_counter()
+                checkpointer.save(model, step=number, epoch=0, history=[])
+                paused.append(time.perf_counter() - start)
+                flight = []
+                while checkpointer.writing() and len(flight) < _MOST_STEPS_IN_FLIGHT:
+                    flight.append(timed_step())
+                checkpointer.finish()
+                written.append(time.perf_counter() - start)
+                lost.append(sum(t - step for t in flight))
+                in_flight += flight
+            size = _size(folder)
+        finally:
+            checkpointer.close()
+            storage.rmtree(folder)
+        cost = statistics.median(p + l for p, l in zip(paused, lost))
+        rows.append(dict(model=f"preact_resnet{depth}", backend=keras.backend.backend(),
+                         format=kind, batch=batch_size, step_s=step, megabytes=size / 2 ** 20,
+                         paused_s=statistics.median(paused),
+                         written_s=statistics.median(written),
+                         in_flight_s=statistics.median(in_flight) if in_flight else None,
+                         steps_in_flight=len(in_flight) / saves, steps=cost / step))
+    return rows
+
+
+def _checkpointer(kind, folder):
+    if kind == "orbax":
+        from keras_identity.training import orbax_checkpoints
+
+        return orbax_checkpoints.OrbaxCheckpointer(folder, keep=1)
+    from keras_identity.training import checkpoints
+
+    return checkpoints.Checkpointer(folder, keep=1, owns_directory=True)
+
+
+def _size(folder):
+    """The bytes of the checkpoint left in ``folder`` (keep=1: the last)."""
+    from keras_identity import storage
+
+    return sum(storage.size(storage.join(folder, name))
+               for name in storage.list_files(folder))
 
 
 def _check_flags():
@@ -97,6 +143,7 @@ def _check_flags():
                ("saves", lambda: _checks.check_positive_int("saves", FLAGS.saves)),
                ("model_dir", lambda: FLAGS.model_dir and storage.check_writable(
                    FLAGS.model_dir))]
+    checks.append(("formats", lambda: _check_formats(FLAGS.formats)))
     for name, check in checks:
         try:
             check()
@@ -104,26 +151,56 @@ def _check_flags():
             value = getattr(FLAGS, name)
             value = ",".join(value) if isinstance(value, list) else value
             sys.exit(f"benchmarks.checkpoint_cost: --{name}={value}: {error}")
-    return depths
+    return depths, _formats(FLAGS.formats)
+
+
+def _formats(formats):
+    import keras
+
+    from keras_identity.training import orbax_checkpoints
+
+    if formats:
+        return list(formats)
+    return ["h5", "orbax"] if keras.backend.backend() == "jax" and \
+        orbax_checkpoints.available() else ["h5"]
+
+
+def _check_formats(formats):
+    import keras
+
+    from keras_identity.training import orbax_checkpoints
+
+    for kind in formats or []:
+        if kind not in ("h5", "orbax"):
+            raise ValueError(f"{kind!r} is not a checkpoint format; expected h5 or orbax")
+        if kind == "orbax" and (keras.backend.backend() != "jax"
+                                or not orbax_checkpoints.available()):
+            raise ValueError("orbax checkpoints are written on the JAX backend "
+                             "(KERAS_BACKEND=jax) with orbax-checkpoint installed")
 
 
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"benchmarks.checkpoint_cost: unexpected arguments {argv[1:]}")
-    depths = _check_flags()
+    depths, formats = _check_flags()
     with tempfile.TemporaryDirectory(prefix="checkpoint_cost_") as scratch:
         directory = FLAGS.model_dir or scratch
         rows = []
         for depth in depths:
             print(f"preact_resnet{depth}: {FLAGS.steps} steps, {FLAGS.saves} checkpoints into "
                   f"{directory} ...", flush=True)
-            rows.append(measure(depth, FLAGS.batch_size, FLAGS.steps, FLAGS.saves, directory))
+            rows += measure(depth, FLAGS.batch_size, FLAGS.steps, FLAGS.saves, directory,
+                            formats)
     where = FLAGS.model_dir or "a local temporary folder"
     print(f"\nMachine: {machine.describe()}\nCheckpoints written into {where}.\n")
     print(machine.table(rows, [
-        ("model", "model", "{}"), ("backend", "backend", "{}"), ("batch", "batch", "{}"),
-        ("step_s", "step s", "{:.3f}"), ("megabytes", "checkpoint MB", "{:.1f}"),
-        ("save_s", "checkpoint s", "{:.3f}"), ("steps", "checkpoint, in steps", "{:.2f}")]))
+        ("model", "model", "{}"), ("backend", "backend", "{}"), ("format", "format", "{}"),
+        ("batch", "batch", "{}"), ("step_s", "step s", "{:.3f}"),
+        ("megabytes", "checkpoint MB", "{:.1f}"), ("paused_s", "training paused s", "{:.3f}"),
+        ("written_s", "written s", "{:.3f}"),
+        ("in_flight_s", "step s, checkpoint in flight", "{:.3f}"),
+        ("steps_in_flight", "steps in flight", "{:.1f}"),
+        ("steps", "checkpoint, in steps", "{:.2f}")]))
 
 
 if __name__ == "__main__":

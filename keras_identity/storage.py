@@ -477,6 +477,14 @@ def upload(local_path, path):
         _fs(path).put_file(local_path, path)
 
 
+def size(path):
+    """The bytes of file ``path`` (any store)."""
+    if not is_remote(path):
+        return os.path.getsize(path)
+    with _remote_errors(path, "reading"):
+        return int(_fs(path).size(path))
+
+
 def _stamp(local_path):
     """What tells a local file's versions apart: its size and modification
     time (a rewrite of the same length, as Keras Tuner's JSON files have,

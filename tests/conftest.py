@@ -83,7 +83,9 @@ def pytest_collection_modifyitems(config, items):
 # the session.  Calling it gives a fresh gs://BUCKET/PREFIX for one test.
 # Skipped where gcp-storage-emulator or gcsfs is not installed.
 
-_EMULATOR_VARIABLES = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+# The emulator's variable and those the package derives from it.
+_EMULATOR_VARIABLES = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+                       "TENSORSTORE_GCS_HTTP_URL", "GOOGLE_AUTH_TOKEN_FOR_TESTING")
 
 
 class GcsEmulator:

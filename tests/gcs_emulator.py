@@ -23,6 +23,18 @@ missing or its generation is not N) is answered 412 with GCS's JSON error
 body, and the object is left as it was.  The check and the write happen under
 one lock, so two racing creates cannot both succeed.
 
+Reads get GCS's conditions and headers too, which TensorStore (Orbax's array
+store) relies on: a media download carries the object's generation in
+``x-goog-generation``, and honours ``ifGenerationMatch`` (412) and
+``ifGenerationNotMatch`` (304 Not Modified: TensorStore's check that its
+cached copy is current), which the emulator ignores.
+
+A test can take write permission away from part of the bucket: while the
+bucket holds an object named ``.refused-writes``, every write (an upload, a
+copy or a compose; deletes still work) of an object whose name starts with
+one of its lines is answered 403 Forbidden, as GCS answers a lost
+permission, which clients do not retry.
+
 It also answers GCS's atomic move (``POST .../o/SOURCE/moveTo/o/TARGET``),
 which gcsfs's ``mv`` tries first: the emulator answers it 501, which gcsfs
 retries for half a minute before it falls back to a copy and a delete.
@@ -100,17 +112,46 @@ def _object_target(request, storage):
     return request.params["bucket_name"], request.params["object_id"]
 
 
+def _object_target_for_delete(request, storage):
+    return _object_target(request, storage)
+
+
 def _destination_target(request, storage):
     return request.params["dest_bucket_name"], request.params["dest_object_id"]
+
+
+REFUSED_WRITES = ".refused-writes"
+
+
+def _write_refused(storage, bucket, name):
+    if name == REFUSED_WRITES:
+        return False
+    try:
+        listed = storage.get_file(bucket, REFUSED_WRITES)
+    except NotFound:
+        return False
+    prefixes = [line.strip() for line in listed.decode().splitlines() if line.strip()]
+    return any(name.startswith(prefix) for prefix in prefixes)
+
+
+def _forbid(response, bucket, name):
+    message = f"The caller does not have storage.objects.create access to {bucket}/{name}."
+    response.status = HTTPStatus.FORBIDDEN
+    response.json({"error": {"code": 403, "message": message, "errors": [{
+        "message": message, "domain": "global", "reason": "forbidden"}]}})
 
 
 def _guarded(handler, target):
     @functools.wraps(handler)
     def guarded(request, response, storage, *args, **kwargs):
         with _LOCK:
+            found = target(request, storage)
+            if found is not None and target is not _object_target_for_delete \
+                    and _write_refused(storage, *found):
+                _forbid(response, *found)
+                return None
             required = _precondition(request)
             if required is not None:
-                found = target(request, storage)
                 if found is not None and not _holds(required, _generation(storage, *found)):
                     _refuse(response)
                     return None
@@ -118,6 +159,29 @@ def _guarded(handler, target):
 
     guarded.__wrapped_for_preconditions__ = True
     return guarded
+
+
+def _conditional_download(handler):
+    @functools.wraps(handler)
+    def download(request, response, storage, *args, **kwargs):
+        with _LOCK:
+            current = _generation(storage, *_object_target(request, storage))
+        if current is not None:
+            match = request.query.get("ifGenerationMatch")
+            not_match = request.query.get("ifGenerationNotMatch")
+            if match and not _holds(match[0], current):
+                _refuse(response)
+                return None
+            if not_match and str(not_match[0]).strip() == current:
+                response.status = HTTPStatus.NOT_MODIFIED
+                response["x-goog-generation"] = current
+                return None
+            response["x-goog-generation"] = current
+            response["x-goog-metageneration"] = "1"
+        return handler(request, response, storage, *args, **kwargs)
+
+    download.__wrapped_for_preconditions__ = True
+    return download
 
 
 def move(request, response, storage, *args, **kwargs):
@@ -149,7 +213,7 @@ _TARGETS = {
     "compose": _object_target,
     "copy": _destination_target,
     "rewrite": _destination_target,
-    "delete": _object_target,
+    "delete": _object_target_for_delete,
 }
 
 
@@ -165,6 +229,11 @@ def install():
         wrapper = _guarded(original, target)
         setattr(objects, name, wrapper)
         replaced[original] = wrapper
+    if not getattr(objects.download, "__wrapped_for_preconditions__", False):
+        # objects.get calls objects.download by name for ?alt=media.
+        wrapper = _conditional_download(objects.download)
+        replaced[objects.download] = wrapper
+        objects.download = wrapper
     from gcp_storage_emulator import server
 
     for _, handlers in server.HANDLERS:

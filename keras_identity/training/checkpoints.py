@@ -196,6 +196,11 @@ class Checkpointer:
         for leftover in (_state_of(path), _state_of(path) + ".partial"):
             storage.remove(leftover)
 
+    def writing(self):
+        """Whether a checkpoint is being written in the background (never
+        here: a save returns once its files are whole)."""
+        return False
+
     def finish(self):
         """Waits for a checkpoint still being written (none here: a save
         returns once its files are whole)."""

@@ -320,6 +320,10 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                                           self._intact_step()) from None
         self._pending = int(step)
 
+    def writing(self):
+        """Whether a checkpoint is being written in the background."""
+        return self._pending is not None and self._checkpoints().is_saving_in_progress()
+
     def finish(self):
         """Waits for the checkpoint being written, then keeps the newest
         ``keep`` checkpoints of the run.  Raises
@@ -330,7 +334,8 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         step, self._pending = self._pending, None
         try:
             self._checkpoints().wait_until_finished()
-            if step not in self._steps():
+            # Process 0 commits; another process may list the folder first.
+            if self._primary() and step not in self._steps():
                 raise OSError(f"{_name(step)} was not committed")
         except Exception as error:
             self._clean(step)
@@ -351,12 +356,23 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             self._manager = None
 
     def _intact_step(self):
+        """The newest checkpoint known whole: written or restored by this
+        object, else the folder's newest readable one."""
         steps = [s for s in self._steps_written if s != self._pending]
+        if self._continued_step >= 0:
+            steps.append(self._continued_step)
         return max(steps) if steps else self.latest_step()
 
     def _clean(self, step):
         """Removes what a failed write of ``step`` left (process 0: Orbax's
-        temporary folder, or a folder in a bucket without its commit)."""
+        temporary folder, or a folder in a bucket without its commit); the
+        manager, which keeps the failure to raise it again, is replaced."""
+        manager, self._manager = self._manager, None
+        try:
+            if manager is not None:
+                manager.close()
+        except Exception:  # the failure again
+            pass
         try:
             if not self._primary():
                 return
@@ -373,11 +389,13 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         object wrote and those of the run it continues (at or before the step
         restored, with a readable state of this run's flags), Orbax's and
         HDF5's."""
-        own = [(step, _name(step)) for step in self._steps()
-               if step in self._steps_written or _name(step) in self._continued]
-        own += [(checkpoints.step_of(path), storage.basename(path))
-                for path in self._weights_files()
-                if storage.basename(path) in self._continued]
+        # From what every process knows alike (a listing taken by another
+        # process a moment later may not show the commit yet): the
+        # decisions, and Orbax's collective deletes, are the same in all.
+        own = [(step, _name(step)) for step in self._steps_written]
+        own += [(checkpoints.step_of(name) if name.endswith(".h5") else
+                 int(checkpoints.ORBAX_FOLDER.fullmatch(name).group(1)), name)
+                for name in self._continued]
         own.sort(reverse=True)
         manager = self._checkpoints()
         for step, name in own[self.keep:]:
@@ -386,6 +404,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                 self._steps_written.discard(step)
             elif self._primary():
                 self._remove_checkpoint(storage.join(self.directory, name))
+            self._continued.discard(name)
         if self._primary() and not self._weights_files() and storage.exists(self.state_path):
             storage.remove(self.state_path)  # the HDF5 checkpoints' index, none left
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import pytest
 
 from keras_identity import storage
@@ -17,10 +18,10 @@ def _cli(*args, env=None, timeout=600):
                           env=dict(os.environ, **(env or {})))
 
 
-def _row(stdout):
-    header, _, row = [l for l in stdout.splitlines() if l.startswith("|")]
-    return dict(zip((c.strip() for c in header.strip("|").split("|")),
-                    (c.strip() for c in row.strip("|").split("|"))))
+def _rows(stdout):
+    header, _, *rows = [l for l in stdout.splitlines() if l.startswith("|")]
+    titles = [c.strip() for c in header.strip("|").split("|")]
+    return [dict(zip(titles, (c.strip() for c in row.strip("|").split("|")))) for row in rows]
 
 
 @pytest.mark.parametrize("where", ["local", "bucket"])
@@ -32,13 +33,21 @@ def test_a_small_run_prints_the_cost_and_removes_its_checkpoints(where, tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Machine:" in result.stdout and f"Checkpoints written into {directory}" in \
         result.stdout
-    cells = _row(result.stdout)
-    assert cells["model"] == "preact_resnet11"
-    step, save = float(cells["step s"]), float(cells["checkpoint s"])
-    assert step > 0 and save > 0
-    assert float(cells["checkpoint, in steps"]) == pytest.approx(save / step, rel=0.05)
-    # The weights and their momenta, in float32: about 2 x 4 bytes a parameter.
-    assert 0.1 < float(cells["checkpoint MB"]) < 5
+    rows = _rows(result.stdout)
+    # Both formats on JAX (Orbax's the default there), HDF5 on TensorFlow.
+    assert [row["format"] for row in rows] == (
+        ["h5", "orbax"] if keras.backend.backend() == "jax" else ["h5"])
+    for cells in rows:
+        assert cells["model"] == "preact_resnet11"
+        step, paused = float(cells["step s"]), float(cells["training paused s"])
+        written = float(cells["written s"])
+        assert 0 < paused <= written and step > 0
+        if cells["format"] == "h5":  # training waits for the whole write
+            assert cells["step s, checkpoint in flight"] == "-"
+            assert float(cells["checkpoint, in steps"]) == pytest.approx(paused / step,
+                                                                         rel=0.05)
+        # The weights and their momenta, in float32: about 2 x 4 bytes a parameter.
+        assert 0.1 < float(cells["checkpoint MB"]) < 5
     assert storage.list_files(directory) == []
 
 
@@ -46,6 +55,7 @@ def test_a_small_run_prints_the_cost_and_removes_its_checkpoints(where, tmp_path
     (["--depths=100"], ["--depths=100", "9n+2"]),
     (["--depths=x"], ["--depths=x", "whole numbers"]),
     (["--saves=0"], ["--saves=0"]),
+    (["--formats=zip"], ["--formats=zip", "h5 or orbax"]),
     (["--model_dir=ftp://host/x"], ["--model_dir=ftp://host/x", "ftp://"]),
 ])
 def test_bad_flags_exit_with_one_line(args, words):

@@ -18,9 +18,11 @@ import pytest
 
 from keras_identity import storage
 from keras_identity.training import ConfigError
+from keras_identity.training import orbax_checkpoints
 from keras_identity.training import run_lock
 from keras_identity.training import train
 from tests.backend import jax_only
+from tests.training.test_preemption import _latest
 from tests.training.test_run_files import _config  # the same run as on a local disk
 from tests.programs import LineWatch
 from tests.programs import error_lines
@@ -29,11 +31,14 @@ FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_ep
          "--train_examples=512", "--test_examples=96", "--verbose=0", "--seed=3",
          "--steps_per_execution=1"]
 
-# What a finished run keeps (TensorBoard's event files are named by time and host).
-RUN_FILES = ["checkpoints/ckpt-000000008.state.json", "checkpoints/ckpt-000000008.weights.h5",
-             "checkpoints/ckpt-000000012.state.json", "checkpoints/ckpt-000000012.weights.h5",
-             "checkpoints/state.json", "config.json", "curves.png", "history.csv",
-             "history.json", "model.keras", "preprocessing.json", "run.json"]
+# What a finished run keeps (TensorBoard's event files are named by time and
+# host; an Orbax checkpoint's array files by their contents).
+ORBAX = keras.backend.backend() == "jax" and orbax_checkpoints.available()
+CHECKPOINTS = (["ckpt_000000008", "ckpt_000000012"] if ORBAX else [
+    "ckpt-000000008.state.json", "ckpt-000000008.weights.h5", "ckpt-000000012.state.json",
+    "ckpt-000000012.weights.h5", "state.json"])
+RUN_FILES = ["config.json", "curves.png", "history.csv", "history.json", "model.keras",
+             "preprocessing.json", "run.json"]
 
 
 def _machine(tmp_path, name):
@@ -47,7 +52,8 @@ def _machine(tmp_path, name):
 def _env(gcs_emulator, tmp):
     env = dict(os.environ, STORAGE_EMULATOR_HOST=gcs_emulator.url, TMPDIR=str(tmp),
                PYTHONUNBUFFERED="1", KERAS_BACKEND=keras.backend.backend())
-    for name in ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",):
+    for name in ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "TENSORSTORE_GCS_HTTP_URL",
+                 "GOOGLE_AUTH_TOKEN_FOR_TESTING", "EPATH_USE_TF"):
         env.pop(name, None)   # the one variable is enough
     return env
 
@@ -90,12 +96,19 @@ def straight(gcs_emulator, tmp_path_factory):
 def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(straight):
     model_dir, machine, done = straight
     files = storage.list_files(model_dir)
-    assert [f for f in files if not f.startswith("tensorboard/")] == RUN_FILES
+    assert [f for f in files if "/" not in f] == RUN_FILES
+    assert sorted({f.split("/")[1] for f in files if f.startswith("checkpoints/")}) == \
+        CHECKPOINTS
+    if ORBAX:  # each committed: its commit file is written last
+        for name in CHECKPOINTS:
+            assert f"checkpoints/{name}/commit_success.txt" in files
+    assert not [f for f in files if "/" in f and f.split("/")[0] not in ("checkpoints",
+                                                                          "tensorboard")]
     runs = {f.split("/")[1] for f in files if f.startswith("tensorboard/")}
     assert runs == {"train", "validation"}
     assert _local_files(machine) == []          # no `gs:` folder, no staging left behind
     assert f"model saved to {model_dir}/model.keras" in done.stdout
-    assert storage.read_json(storage.join(model_dir, "checkpoints", "state.json"))["step"] == 12
+    assert _latest(storage.join(model_dir, "checkpoints"))["step"] == 12
     assert len(_losses(model_dir)) == 3
 
 
@@ -324,3 +337,40 @@ def test_a_store_lost_during_a_checkpoint_is_one_line_and_the_one_before_is_inta
     # Nothing of the checkpoints was lost, and no partial objects were left.
     assert checkpoints(after) == checkpoints(before)
     assert [f for f in set(after) - set(before) if not f.startswith("tensorboard/")] == []
+
+
+def test_a_write_refused_during_a_checkpoint_is_one_line_and_the_one_before_is_intact(
+        gcs_emulator, straight):
+    """Write permission lost under the checkpoint of step 12 (the emulator
+    answers 403 there): in the run's own format (JAX: Orbax, written in the
+    background, so the failure is met when the run waits for it)."""
+    from keras_identity.training import WriteError
+    from tests.gcs_emulator import REFUSED_WRITES
+
+    run = gcs_emulator("refused")
+    config = dict(checkpoint_format=None, depth=10, batch_size=32, steps_per_epoch=4,
+                  train_examples=512, test_examples=96, seed=3, deterministic=False,
+                  epochs=None, steps_per_execution=1)  # the run of FLAGS
+    train(_config(run, train_steps=8, **config), lambda *_: None)
+    folder = storage.join(run, "checkpoints")
+    before = {f: storage.read_bytes(storage.join(folder, f)) for f in storage.list_files(folder)}
+    name = "ckpt_000000012" if ORBAX else "ckpt-000000012"
+    refused = storage.join(f"gs://{gcs_emulator.bucket}", REFUSED_WRITES)
+    prefix = run.split("/", 3)[3] + "/checkpoints/" + name
+    storage.write_text(refused, prefix + "\n")
+    try:
+        with pytest.raises(WriteError) as error:
+            train(_config(run, train_steps=12, **config), lambda *_: None)
+    finally:
+        storage.remove(refused)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot write the checkpoint of step 12 into {run}/checkpoints ")
+    assert "the checkpoint of step 8 is intact" in message
+    after = {f: storage.read_bytes(storage.join(folder, f)) for f in storage.list_files(folder)}
+    # The checkpoints before are intact, and nothing of step 12 was left.
+    assert {f: v for f, v in after.items() if not f.startswith("state.json")} == {
+        f: v for f, v in before.items() if not f.startswith("state.json")}
+    # The same command then ends the run as the uninterrupted one.
+    train(_config(run, train_steps=12, **config), lambda *_: None)
+    np.testing.assert_allclose(_losses(run), _losses(straight[0]), rtol=1e-5)

@@ -235,3 +235,23 @@ def test_changed_flags_are_refused_from_the_checkpoints_own_record(tmp_path):
     state = json.loads((tmp_path / "run" / "checkpoints" / "ckpt_000000004" / "state"
                         / "metadata").read_text())
     assert state["identity"]["learning_rate"] == 0.05
+
+
+def test_too_little_space_is_one_line_before_the_write_and_the_one_before_is_intact(
+        tmp_path, monkeypatch):
+    from keras_identity import storage
+
+    saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"))
+    model = _model()
+    saver.save(model, step=1, epoch=1, history=[])
+    saver.finish()
+    usage = shutil.disk_usage(str(tmp_path))
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: usage._replace(free=1024))
+    with pytest.raises(checkpoints.WriteError) as error:
+        saver.save(model, step=2, epoch=2, history=[])
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(
+        f"cannot write the checkpoint of step 2 into {tmp_path / 'c'} (No space left on device")
+    assert "the checkpoint of step 1 is intact: free space" in message
+    saver.close()
+    assert os.listdir(tmp_path / "c") == ["ckpt_000000001"]

@@ -19,6 +19,7 @@ from keras_identity.training import Stopped
 from keras_identity.training import TrainConfig
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
+from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import train
 from tests.backend import BACKEND
@@ -89,17 +90,28 @@ def _signal_at_step(monkeypatch, step, number=signal.SIGTERM):
     monkeypatch.setattr(callbacks_lib.StopOnNaN, "on_train_batch_end", end)
 
 
+def _latest(directory):
+    """The newest checkpoint's state, as the run's backend writes them (Orbax
+    on JAX)."""
+    kind = (orbax_checkpoints.OrbaxCheckpointer if BACKEND == "jax"
+            and orbax_checkpoints.available() else checkpoints.Checkpointer)
+    reader = kind(directory)
+    try:
+        return reader.latest()
+    finally:
+        reader.close()
+
+
 def _signal_during_checkpoint_write(monkeypatch, step):
     """Sends SIGTERM while the checkpoint of ``step`` is being written (its
     weights file written, its state not yet)."""
-    original = checkpoints.Checkpointer.save
+    for kind in (checkpoints.Checkpointer, orbax_checkpoints.OrbaxCheckpointer):
+        def save(self, model, original=kind.save, **kwargs):
+            if kwargs["step"] == step:
+                _send()
+            return original(self, model, **kwargs)
 
-    def save(self, model, **kwargs):
-        if kwargs["step"] == step:
-            _send()
-        return original(self, model, **kwargs)
-
-    monkeypatch.setattr(checkpoints.Checkpointer, "save", save)
+        monkeypatch.setattr(kind, "save", save)
 
 
 def _signal_during_evaluation(monkeypatch, epoch):
@@ -150,7 +162,7 @@ def test_sigterm_at_any_moment_resumes_as_if_never_stopped(tmp_path, monkeypatch
         assert stopped.value.step == expected
     assert f"at step {stopped.value.step}" in str(stopped.value)
     assert signal.getsignal(signal.SIGTERM) is handler  # the handlers are put back
-    state = checkpoints.Checkpointer(str(model_dir / "checkpoints")).latest()
+    state = _latest(str(model_dir / "checkpoints"))
     assert state["step"] == stopped.value.step
     assert ("metrics" in state) == bool(state["step"] % STEPS_PER_EPOCH)
     result = train(_config(model_dir), quiet)
@@ -176,7 +188,7 @@ def test_a_checkpoint_inside_an_epoch_keeps_its_metric_sums(tmp_path, monkeypatc
     _signal_at_step(monkeypatch, 3)
     with pytest.raises(Stopped) as stopped:
         train(_config(tmp_path / "run"), quiet)
-    state = checkpoints.Checkpointer(str(tmp_path / "run" / "checkpoints")).latest()
+    state = _latest(str(tmp_path / "run" / "checkpoints"))
     steps_in_epoch = stopped.value.step
     if BACKEND == "jax" and steps_in_epoch == STEPS_PER_EPOCH:
         assert "metrics" not in state  # acted on at the epoch's end: its own checkpoint
@@ -257,7 +269,7 @@ def test_a_scheduler_signal_saves_exits_75_and_the_same_command_resumes(tmp_path
         f"to resume (exit status 75)"), err[-2000:]
     step = int(stopped[0].split(" at step ")[1].split()[0].replace(",", ""))
     assert 16 <= step < 240
-    state = checkpoints.Checkpointer(str(model_dir / "checkpoints")).latest()
+    state = _latest(str(model_dir / "checkpoints"))
     assert state["step"] == step
     epochs = [line for line in lines if line.startswith("epoch ")]
     saved = [line for line in lines if line.startswith("checkpoint at step")]

@@ -46,8 +46,9 @@ def test_short_real_mnist_run_is_well_above_chance(tmp_path, mnist_npz):
     assert result["steps"] == 2 * (12_000 // 128)
     run = tmp_path / "run"
     for name in ("history.csv", "history.json", "curves.png", "model.keras", "config.json",
-                 "preprocessing.json", "checkpoints/state.json"):
+                 "preprocessing.json"):
         assert (run / name).exists(), name
+    assert len(os.listdir(run / "checkpoints")) == 2 + (keras.backend.backend() != "jax")
     assert os.listdir(run / "tensorboard")
     history = json.loads((run / "history.json").read_text())
     assert [row["epoch"] for row in history] == [1, 2]
@@ -351,23 +352,25 @@ def test_unwritable_model_dir_is_one_line(tmp_path):
 
 
 def test_truncated_latest_checkpoint_falls_back_to_the_previous(tmp_path):
-    train(_small(tmp_path, epochs=2, keep_checkpoints=2), quiet)
+    """HDF5 checkpoints (JAX's Orbax ones: test_orbax_checkpoints)."""
+    train(_small(tmp_path, epochs=2, keep_checkpoints=2, checkpoint_format="h5"), quiet)
     directory = tmp_path / "run" / "checkpoints"
     newest = sorted(directory.glob("ckpt-*.weights.h5"))[-1]
     newest.write_bytes(newest.read_bytes()[:1000])
     lines = []
     with pytest.warns(UserWarning, match=rf"skipped unreadable checkpoint\(s\) {newest.name}"):
-        result = train(_small(tmp_path, epochs=3, keep_checkpoints=2), lines.append)
+        result = train(_small(tmp_path, epochs=3, keep_checkpoints=2, checkpoint_format="h5"),
+                       lines.append)
     assert any("resuming from the checkpoint at step 4" in l for l in lines)
     assert result["steps"] == 12
     # A corrupt state.json names the file (and the checkpoints' own states are used).
     (directory / "state.json").write_text("{not json")
     with pytest.warns(UserWarning, match="state.json is not readable"):
-        train(_small(tmp_path, epochs=3, keep_checkpoints=2), quiet)
+        train(_small(tmp_path, epochs=3, keep_checkpoints=2, checkpoint_format="h5"), quiet)
     for state in directory.glob("*.json"):
         state.write_text("{")
     with pytest.raises(ConfigError, match=r"state.json is not readable .* no checkpoint"):
-        train(_small(tmp_path, epochs=3, keep_checkpoints=2), quiet)
+        train(_small(tmp_path, epochs=3, keep_checkpoints=2, checkpoint_format="h5"), quiet)
 
 
 def test_lr_decay_sets_the_exponential_schedule_and_the_run_identity(tmp_path, mnist_npz):
@@ -449,7 +452,9 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
     from keras_identity import storage
     from keras_identity.training import WriteError
 
-    train(_small(tmp_path, epochs=1), quiet)
+    # HDF5 checkpoints (JAX's Orbax ones: test_orbax_checkpoints).
+
+    train(_small(tmp_path, epochs=1, checkpoint_format="h5"), quiet)
     checkpoint_dir = tmp_path / "run" / "checkpoints"
     before = sorted(os.listdir(checkpoint_dir))
     # Too little space: refused before HDF5 touches the disk.
@@ -457,7 +462,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
     monkeypatch.setattr(storage.shutil, "disk_usage",
                         lambda path: usage._replace(free=300 * 1024))
     with pytest.raises(WriteError) as error:
-        train(_small(tmp_path, epochs=2), quiet)
+        train(_small(tmp_path, epochs=2, checkpoint_format="h5"), quiet)
     message = str(error.value)
     assert (f"cannot write the checkpoint of step 8 into {checkpoint_dir}" in message
             and "No space left on device" in message and "step 4 is intact" in message)
@@ -475,10 +480,26 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
 
     monkeypatch.setattr(storage.os, "replace", full)
     with pytest.raises(WriteError, match="step 4 is intact"):
-        train(_small(tmp_path, epochs=2), quiet)
+        train(_small(tmp_path, epochs=2, checkpoint_format="h5"), quiet)
     assert sorted(os.listdir(checkpoint_dir)) == before
     monkeypatch.undo()
     lines = []
-    assert train(_small(tmp_path, epochs=2), lines.append)["steps"] == 8
+    assert train(_small(tmp_path, epochs=2, checkpoint_format="h5"), lines.append)["steps"] == 8
     assert any("resuming from the checkpoint at step 4" in l for l in lines)
 
+
+
+def test_checkpoint_format_is_checked_against_the_backend():
+    if keras.backend.backend() == "jax":
+        assert TrainConfig().validate().resolved_checkpoint_format == "orbax"
+        assert TrainConfig(checkpoint_format="orbax").validate().resolved_checkpoint_format \
+            == "orbax"
+    else:
+        assert TrainConfig().validate().resolved_checkpoint_format == "h5"
+        with pytest.raises(ConfigError, match=r"^checkpoint_format='orbax' is not valid on the "
+                                              r"tensorflow backend; Orbax checkpoints are "
+                                              r"the JAX route's"):
+            TrainConfig(checkpoint_format="orbax").validate()
+    assert TrainConfig(checkpoint_format="h5").validate().resolved_checkpoint_format == "h5"
+    with pytest.raises(ConfigError, match="checkpoint_format"):
+        TrainConfig(checkpoint_format="zip").validate()
