@@ -19,7 +19,8 @@ training runs use) and removes them:
 
 A checkpoint's cost to a run, in steps, is the time training waited plus
 what the steps in flight lost, over a step's time (medians over the
-checkpoints).  ``STORAGE_EMULATOR_HOST`` points ``gs://`` at a local
+checkpoints); "written within" is the time from the save until the write was
+found finished (checked between steps).  ``STORAGE_EMULATOR_HOST`` points ``gs://`` at a local
 emulator.
 
 Prints a Markdown table naming the machine.
@@ -182,6 +183,10 @@ def _check_formats(formats):
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"benchmarks.checkpoint_cost: unexpected arguments {argv[1:]}")
+    if not FLAGS["verbosity"].present:  # Orbax's INFO logs drown the progress
+        from absl import logging
+
+        logging.set_verbosity(logging.WARNING)
     depths, formats = _check_flags()
     with tempfile.TemporaryDirectory(prefix="checkpoint_cost_") as scratch:
         directory = FLAGS.model_dir or scratch
@@ -197,7 +202,7 @@ def main(argv):
         ("model", "model", "{}"), ("backend", "backend", "{}"), ("format", "format", "{}"),
         ("batch", "batch", "{}"), ("step_s", "step s", "{:.3f}"),
         ("megabytes", "checkpoint MB", "{:.1f}"), ("paused_s", "training paused s", "{:.3f}"),
-        ("written_s", "written s", "{:.3f}"),
+        ("written_s", "written within s", "{:.3f}"),
         ("in_flight_s", "step s, checkpoint in flight", "{:.3f}"),
         ("steps_in_flight", "steps in flight", "{:.1f}"),
         ("steps", "checkpoint, in steps", "{:.2f}")]))

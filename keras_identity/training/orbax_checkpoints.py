@@ -169,13 +169,16 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             raise ValueError("its step or epoch is missing or does not match its name")
         return {**state, "weights": _name(step)}
 
-    def _orbax_states(self):
+    def _orbax_states(self, warn=True):
         """``(step, state)`` of each committed Orbax checkpoint with a readable
-        state, newest first (a generator; one passed over is warned about)."""
+        state, newest first (a generator; one passed over is warned about
+        when ``warn``)."""
         for step in self._steps():
             try:
                 state = self._read_state(step)
             except Exception as error:  # Orbax's, TensorStore's, JSON's errors
+                if not warn:
+                    continue
                 warnings.warn(f"passed over {_name(step)} in {self.directory}: its state "
                               f"cannot be read ({type(error).__name__}: "
                               f"{' '.join(str(error).split())[:160]}).", stacklevel=3)
@@ -228,7 +231,8 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         candidates = [state] + sorted(
-            [other for _, other in self._orbax_states() if other["step"] < state["step"]]
+            [other for _, other in self._orbax_states(warn=False)
+             if other["step"] < state["step"]]
             + [other for _, other in self._candidates() if other["step"] < state["step"]],
             key=lambda other: other["step"], reverse=True)
         skipped = []
@@ -308,6 +312,13 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             # not in the background.
             json.dumps(state)
             storage.makedirs(self.directory)
+            path = storage.join(self.directory, _name(step))
+            if self._primary() and int(step) not in self._steps_written \
+                    and storage.exists(path):
+                # Not this run's: a write killed before its commit (in a
+                # bucket, a folder without commit_success.txt), or one it
+                # could not read.
+                self._set_aside_folder(path)
             checkpoints.check_free_space(
                 self.directory, checkpoints.checkpoint_bytes(model) + len(json.dumps(state)) * 2)
             tree = {group: [variable.value for variable in variables]
@@ -414,15 +425,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         newer = [s for s in self._steps() if s > step and s not in self._steps_written]
         if newer and self._primary():
             for other in newer:
-                path = storage.join(self.directory, _name(other))
-                aside = path + ".unread"
-                number = 1
-                while storage.exists(aside):
-                    number += 1
-                    aside = f"{path}.unread{number}"
-                _move_folder(path, aside)
-                warnings.warn(f"kept the checkpoint {_name(other)}, which this run could not "
-                              f"read, as {storage.basename(aside)}.", stacklevel=3)
+                self._set_aside_folder(storage.join(self.directory, _name(other)))
         if newer:
             import jax
 
@@ -431,6 +434,19 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
 
                 multihost_utils.sync_global_devices("keras_identity_set_aside")
             self._checkpoints().reload()
+
+
+    def _set_aside_folder(self, path):
+        """Renames the checkpoint folder ``path``, which this run did not
+        write, out of the way (never over another)."""
+        aside = path + ".unread"
+        number = 1
+        while storage.exists(aside):
+            number += 1
+            aside = f"{path}.unread{number}"
+        _move_folder(path, aside)
+        warnings.warn(f"kept {storage.basename(path)}, a checkpoint this run did not write "
+                      f"and cannot read, as {storage.basename(aside)}.", stacklevel=4)
 
 
 def _move_folder(source, target):

@@ -40,7 +40,7 @@ def test_a_small_run_prints_the_cost_and_removes_its_checkpoints(where, tmp_path
     for cells in rows:
         assert cells["model"] == "preact_resnet11"
         step, paused = float(cells["step s"]), float(cells["training paused s"])
-        written = float(cells["written s"])
+        written = float(cells["written within s"])
         assert 0 < paused <= written and step > 0
         if cells["format"] == "h5":  # training waits for the whole write
             assert cells["step s, checkpoint in flight"] == "-"

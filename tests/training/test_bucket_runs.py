@@ -374,3 +374,30 @@ def test_a_write_refused_during_a_checkpoint_is_one_line_and_the_one_before_is_i
     # The same command then ends the run as the uninterrupted one.
     train(_config(run, train_steps=12, **config), lambda *_: None)
     np.testing.assert_allclose(_losses(run), _losses(straight[0]), rtol=1e-5)
+
+
+@pytest.mark.skipif(not ORBAX, reason="Orbax checkpoints (the JAX route's)")
+def test_an_orbax_checkpoint_without_its_commit_in_a_bucket_is_not_resumed_nor_overwritten(
+        gcs_emulator, straight):
+    """A VM lost while its checkpoint of step 12 was written leaves a folder
+    without ``commit_success.txt``: the run resumes from step 8 and ends as
+    the uninterrupted one, keeping that folder aside."""
+    run = gcs_emulator("uncommitted")
+    config = dict(checkpoint_format=None, depth=10, batch_size=32, steps_per_epoch=4,
+                  train_examples=512, test_examples=96, seed=3, deterministic=False,
+                  epochs=None, steps_per_execution=1)  # the run of FLAGS
+    train(_config(run, train_steps=8, **config), lambda *_: None)
+    folder = storage.join(run, "checkpoints")
+    for relative in storage.list_files(storage.join(folder, "ckpt_000000008")):
+        if relative != "commit_success.txt":
+            storage.write_bytes(storage.join(folder, "ckpt_000000012", relative),
+                                storage.read_bytes(storage.join(folder, "ckpt_000000008",
+                                                                relative)))
+    lines = []
+    with pytest.warns(UserWarning, match="kept ckpt_000000012, a checkpoint this run did not "
+                                         "write and cannot read, as ckpt_000000012.unread"):
+        train(_config(run, train_steps=12, **config), lines.append)
+    assert any(line.startswith("resuming from the checkpoint at step 8") for line in lines)
+    np.testing.assert_allclose(_losses(run), _losses(straight[0]), rtol=1e-5)
+    names = sorted({f.split("/")[0] for f in storage.list_files(folder)})
+    assert names == ["ckpt_000000008", "ckpt_000000012", "ckpt_000000012.unread"]
