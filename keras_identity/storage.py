@@ -97,10 +97,14 @@ def check_path(path, name="model_dir"):
     bucket = path.split("://", 1)[1].split("/", 1)[0]
     if not bucket:
         raise ValueError(f"{name}={path!r} names no bucket; expected {found}://BUCKET/path")
-    if found == "gs" and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
+    if found == "gs" and not (
+            re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket)
+            and ("." in bucket or len(bucket) <= 63)
+            and all(0 < len(part) <= 63 for part in bucket.split("."))):
         raise ValueError(f"{name}={path!r}: {bucket!r} is not a GCS bucket name; expected 3 "
                          f"to 63 lowercase letters, digits, dashes, underscores or dots (up "
-                         f"to 222 with dots), starting and ending with a letter or digit")
+                         f"to 222 with dots, 63 between two), starting and ending with a "
+                         f"letter or digit")
     _filesystem(found, name)
 
 

@@ -16,6 +16,11 @@ was not yet renamed) and loses at most the training since it.  A latest checkpoi
 disagree, a file that is not a regular file) is skipped with a warning for
 the newest one that can.
 
+These are the HDF5 checkpoints (``--checkpoint_format=h5``: TensorFlow's,
+and the JAX route's on request).  The JAX route's Orbax checkpoints are
+:mod:`orbax_checkpoints`' (a subclass that reads both); this class refuses a
+folder holding them in one line rather than start the run over.
+
 ``state.json`` is only an index: every checkpoint carries its own state
 (including the run's identity, the flags it was trained with), so a run
 whose ``state.json`` is missing or garbled still resumes from the newest

@@ -169,11 +169,12 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             raise ValueError("its step or epoch is missing or does not match its name")
         return {**state, "weights": _name(step)}
 
-    def _orbax_states(self, warn=True):
-        """``(step, state)`` of each committed Orbax checkpoint with a readable
-        state, newest first (a generator; one passed over is warned about
-        when ``warn``)."""
-        for step in self._steps():
+    def _orbax_states(self, steps=None, warn=True):
+        """``(step, state)`` of each committed Orbax checkpoint (``steps``:
+        their steps, newest first, when the caller has listed them) with a
+        readable state, newest first (a generator; one passed over is warned
+        about when ``warn``)."""
+        for step in self._steps() if steps is None else steps:
             try:
                 state = self._read_state(step)
             except Exception as error:  # Orbax's, TensorStore's, JSON's errors
@@ -197,28 +198,22 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                 are checkpoints, but none has a readable state.
         """
         self.check_directory()
-        orbax = next(self._orbax_states(), (None, None))[1]
+        committed = self._steps()
+        orbax = next(self._orbax_states(committed), (None, None))[1]
         try:
             h5 = super().latest()
         except checkpoints.CheckpointError:
             if orbax is None:
                 raise
             h5 = None
-        if orbax is None and h5 is None and self._steps():
+        if orbax is None and h5 is None and committed:
             raise checkpoints.CheckpointError(
                 f"no checkpoint in {self.directory} has a readable state (Orbax checkpoints "
-                f"{', '.join(_name(s) for s in self._steps())}); nothing was changed there: "
+                f"{', '.join(_name(s) for s in committed)}); nothing was changed there: "
                 f"restore the files, or use a new --model_dir.")
         if h5 is not None and (orbax is None or h5["step"] > orbax["step"]):
             return h5
         return orbax
-
-    def latest_step(self):
-        try:
-            state = self.latest()
-        except (checkpoints.CheckpointError, OSError):
-            return None
-        return None if state is None else state["step"]
 
     def restore(self, model, state=None):
         """Loads the newest readable checkpoint (of either format) into
@@ -300,36 +295,46 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         arrays are copied off the devices (the one before is waited for
         first).  Raises :class:`checkpoints.WriteError` when the one before
         failed, or this one cannot start; a failure of this one is raised by
-        the next save or :meth:`finish`."""
+        the next save or :meth:`finish`.  Every process calls it alike, and
+        each failure is every process's."""
         self.finish()
         ocp = self._orbax()
-        state = {"step": int(step), "epoch": int(epoch), "history": history,
-                 **(extra or {})}
-        if self.identity is not None:
-            state["identity"] = self.identity
+        step = int(step)
+        started, failure = False, None
         try:
-            # As JSON writes it (a NaN of the history stays NaN); refused here,
-            # not in the background.
-            json.dumps(state)
+            # A copy, as JSON keeps it (a NaN of the history stays NaN): Orbax
+            # writes it in the background, while the caller's history grows.
+            state = json.loads(json.dumps({
+                "step": step, "epoch": int(epoch), "history": history, **(extra or {}),
+                **({"identity": self.identity} if self.identity is not None else {})}))
             storage.makedirs(self.directory)
             path = storage.join(self.directory, _name(step))
-            if self._primary() and int(step) not in self._steps_written \
-                    and storage.exists(path):
+            if self._primary() and step not in self._steps_written and storage.exists(path):
                 # Not this run's: a write killed before its commit (in a
                 # bucket, a folder without commit_success.txt), or one it
                 # could not read.
                 self._set_aside_folder(path)
             checkpoints.check_free_space(
                 self.directory, checkpoints.checkpoint_bytes(model) + len(json.dumps(state)) * 2)
-            tree = {group: [variable.value for variable in variables]
-                    for group, variables in _variables(model).items()}
-            self._checkpoints().save(int(step), args=ocp.args.Composite(
-                weights=ocp.args.StandardSave(tree), state=ocp.args.JsonSave(state)))
         except Exception as error:
-            self._clean(step)
-            raise checkpoints.write_error(self.directory, step, error,
+            failure = error
+        failure = _agreed(failure, "keras_identity_checkpoint_start")
+        if failure is None:
+            try:
+                tree = {group: [variable.value for variable in variables]
+                        for group, variables in _variables(model).items()}
+                started = True
+                if not self._checkpoints().save(step, force=True, args=ocp.args.Composite(
+                        weights=ocp.args.StandardSave(tree), state=ocp.args.JsonSave(state))):
+                    raise OSError(f"Orbax did not save {_name(step)}")
+            except Exception as error:
+                failure = error
+        if failure is not None:
+            if started:
+                self._clean(step)
+            raise checkpoints.write_error(self.directory, step, failure,
                                           self._intact_step()) from None
-        self._pending = int(step)
+        self._pending = step
 
     def writing(self):
         """Whether a checkpoint is being written in the background."""
@@ -343,41 +348,56 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         if self._pending is None:
             return
         step, self._pending = self._pending, None
+        failure = None
         try:
             self._checkpoints().wait_until_finished()
-            # Process 0 commits; another process may list the folder first.
+            # Process 0 commits it: its listing tells.
             if self._primary() and step not in self._steps():
                 raise OSError(f"{_name(step)} was not committed")
         except Exception as error:
+            failure = error
+        failure = _agreed(failure, "keras_identity_checkpoint_end")
+        if failure is not None:
             self._clean(step)
-            raise checkpoints.write_error(self.directory, step, error,
+            raise checkpoints.write_error(self.directory, step, failure,
                                           self._intact_step()) from None
         self._steps_written.add(step)
-        self._remove_old()
+        try:
+            self._remove_old()
+        except Exception as error:  # the checkpoint is written; an old one stays
+            warnings.warn(f"could not remove an older checkpoint in {self.directory} "
+                          f"({type(error).__name__}: {' '.join(str(error).split())[:160]}); "
+                          f"it stays.", stacklevel=2)
 
     def close(self):
         """Waits for the checkpoint being written and stops Orbax's threads;
-        a failure is a warning (the run already ends with its own error)."""
+        never raises: a failure is a warning (the run ends with its own
+        error, or its stop)."""
         try:
             self.finish()
         except checkpoints.WriteError as error:
             warnings.warn(str(error), stacklevel=2)
-        if self._manager is not None:
-            self._manager.close()
-            self._manager = None
+        manager, self._manager = self._manager, None
+        try:
+            if manager is not None:
+                manager.close()
+        except Exception as error:
+            warnings.warn(f"closing the checkpoints of {self.directory}: "
+                          f"{' '.join(str(error).split())[:160]}", stacklevel=2)
 
     def _intact_step(self):
         """The newest checkpoint known whole: written or restored by this
         object, else the folder's newest readable one."""
-        steps = [s for s in self._steps_written if s != self._pending]
+        steps = list(self._steps_written)
         if self._continued_step >= 0:
             steps.append(self._continued_step)
         return max(steps) if steps else self.latest_step()
 
     def _clean(self, step):
         """Removes what a failed write of ``step`` left (process 0: Orbax's
-        temporary folder, or a folder in a bucket without its commit); the
-        manager, which keeps the failure to raise it again, is replaced."""
+        temporary folder, or this write's folder in a bucket, without its
+        commit); the manager, which keeps the failure to raise it again, is
+        replaced."""
         manager, self._manager = self._manager, None
         try:
             if manager is not None:
@@ -388,9 +408,10 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             if not self._primary():
                 return
             name = _name(step)
+            committed = self._steps()
             for entry in storage.listdir(self.directory):
                 if entry.startswith(name + ".orbax-checkpoint-tmp") or (
-                        entry == name and int(step) not in self._steps()):
+                        entry == name and step not in committed):
                     storage.rmtree(storage.join(self.directory, entry))
         except Exception:  # the store that failed the write may fail this too
             pass
@@ -399,42 +420,35 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         """Keeps the newest ``keep`` checkpoints of the run's own: those this
         object wrote and those of the run it continues (at or before the step
         restored, with a readable state of this run's flags), Orbax's and
-        HDF5's."""
-        # From what every process knows alike (a listing taken by another
-        # process a moment later may not show the commit yet): the
-        # decisions, and Orbax's collective deletes, are the same in all.
+        HDF5's.  Process 0 removes them, with no collective (the other
+        processes' listings need not agree)."""
         own = [(step, _name(step)) for step in self._steps_written]
-        own += [(checkpoints.step_of(name) if name.endswith(".h5") else
-                 int(checkpoints.ORBAX_FOLDER.fullmatch(name).group(1)), name)
-                for name in self._continued]
+        own += [(_step_of_name(name), name) for name in self._continued]
         own.sort(reverse=True)
-        manager = self._checkpoints()
         for step, name in own[self.keep:]:
-            if checkpoints.ORBAX_FOLDER.fullmatch(name):
-                manager.delete(step)  # collective: process 0 deletes
-                self._steps_written.discard(step)
-            elif self._primary():
-                self._remove_checkpoint(storage.join(self.directory, name))
+            self._steps_written.discard(step)
             self._continued.discard(name)
+            if not self._primary():
+                continue
+            path = storage.join(self.directory, name)
+            if checkpoints.ORBAX_FOLDER.fullmatch(name):
+                _remove_folder(path)
+            else:
+                self._remove_checkpoint(path)
         if self._primary() and not self._weights_files() and storage.exists(self.state_path):
             storage.remove(self.state_path)  # the HDF5 checkpoints' index, none left
 
     def _set_aside_newer(self, step):
         """Renames the committed Orbax checkpoints newer than ``step`` that
-        this run did not write (it could not read them) out of the way."""
-        newer = [s for s in self._steps() if s > step and s not in self._steps_written]
-        if newer and self._primary():
-            for other in newer:
-                self._set_aside_folder(storage.join(self.directory, _name(other)))
-        if newer:
-            import jax
-
-            if jax.process_count() > 1:
-                from jax.experimental import multihost_utils
-
-                multihost_utils.sync_global_devices("keras_identity_set_aside")
-            self._checkpoints().reload()
-
+        this run did not write (it could not read them) out of the way:
+        process 0 renames, between two barriers of every process."""
+        _barrier("keras_identity_set_aside_start")
+        if self._primary():
+            for other in self._steps():
+                if other > step and other not in self._steps_written:
+                    self._set_aside_folder(storage.join(self.directory, _name(other)))
+        _barrier("keras_identity_set_aside_end")
+        self._checkpoints().reload()
 
     def _set_aside_folder(self, path):
         """Renames the checkpoint folder ``path``, which this run did not
@@ -449,6 +463,52 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                       f"and cannot read, as {storage.basename(aside)}.", stacklevel=4)
 
 
+def _step_of_name(name):
+    """The step of a checkpoint's name, Orbax's folder or an HDF5 file."""
+    found = checkpoints.ORBAX_FOLDER.fullmatch(name)
+    return int(found.group(1)) if found else checkpoints.step_of(name)
+
+
+def _barrier(name):
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _agreed(failure, name):
+    """``failure`` (an exception or None) made every process's: in a
+    multi-process run, a process whose own step went well gets an error
+    naming the process that failed (a collective of every process)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return failure
+    from jax.experimental import multihost_utils
+
+    failed = np.asarray(multihost_utils.process_allgather(
+        np.array([failure is not None], dtype=np.int32))).reshape(-1)
+    if failure is None and failed.any():
+        return OSError(f"process {int(np.argmax(failed))} could not write its part")
+    return failure
+
+
+def _remove_folder(path):
+    """Removes the Orbax checkpoint folder ``path``, first out of the
+    committed ones: locally renamed to a temporary name Orbax does not list,
+    in a bucket its commit file removed first, so a removal cut short never
+    leaves a half checkpoint that looks whole."""
+    if not storage.is_remote(path):
+        doomed = f"{path}.orbax-checkpoint-tmp-removed"
+        os.replace(path, doomed)
+        storage.rmtree(doomed)
+        return
+    storage.remove(storage.join(path, "commit_success.txt"))
+    storage.rmtree(path)
+
+
 def _move_folder(source, target):
     if not storage.is_remote(source):
         os.replace(source, target)
@@ -458,12 +518,9 @@ def _move_folder(source, target):
 
 
 def _abstract(variable):
-    """What Orbax restores ``variable`` as: on JAX an array of its dtype,
-    shape and sharding (placed as the variable is); elsewhere a NumPy
-    array."""
-    value = variable.value
-    if hasattr(value, "sharding"):
-        import jax
+    """What Orbax restores ``variable`` as: an array of its dtype, shape and
+    sharding (placed as the variable is)."""
+    import jax
 
-        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding)
-    return np.zeros(tuple(variable.shape), dtype=str(variable.dtype))
+    value = variable.value
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=value.sharding)

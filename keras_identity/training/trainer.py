@@ -713,12 +713,16 @@ def prepare(config, strategy=None):
         strategies.check_same_in_processes(
             strategy, zlib.crc32(storage.normalize(config.model_dir).encode()),
             "--model_dir (a digest of the path)")
-        if not scratch:  # a missing bucket or no permission: said before anything is read
+        # Process 0 writes model_dir; every process writes its part of an
+        # Orbax checkpoint.  A missing bucket or no permission: said before
+        # anything is read.
+        writes = not scratch or checkpointer.collective
+        if writes:
             storage.check_writable(config.model_dir)
         state = checkpointer.latest()
         saved = check_identity(config.model_dir, identity, state) or {}
         length = saved.get("length", {})
-        if not scratch and storage.isdir(checkpointer.directory) \
+        if writes and storage.isdir(checkpointer.directory) \
                 and not storage.is_remote(checkpointer.directory):
             storage.check_writable(checkpointer.directory, "the checkpoint folder")
         if chief:

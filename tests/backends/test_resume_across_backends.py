@@ -1,5 +1,6 @@
-"""A run checkpointed on TensorFlow resumes on JAX (same weights and
-optimizer state), and says so."""
+"""A run checkpointed on TensorFlow (HDF5) resumes on JAX (same weights and
+optimizer state) and says so; a JAX run's Orbax checkpoints are refused by
+TensorFlow in one line naming the way on."""
 
 import os
 import subprocess
@@ -35,3 +36,17 @@ def test_a_tensorflow_run_resumes_on_jax(tmp_path):
     assert any("trained on the tensorflow backend until now; it continues on jax" in line
                for line in lines)
     assert result["steps"] == 10 and [h["step"] for h in result["history"]] == [5, 10]
+    # JAX wrote Orbax checkpoints beside TensorFlow's HDF5 ones.
+    assert "ckpt_000000010" in os.listdir(tmp_path / "checkpoints")
+
+
+def test_a_jax_run_is_refused_by_tensorflow_in_one_line_naming_the_way_on(tmp_path):
+    train(TrainConfig(train_steps=5, model_dir=str(tmp_path), **CONFIG), print_fn=lambda *a: None)
+    second = FIRST.replace("train_steps=5", "train_steps=10")
+    done = subprocess.run([sys.executable, "-c", second, str(tmp_path)], capture_output=True,
+                          text=True, env=dict(os.environ, KERAS_BACKEND="tensorflow"))
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "holds Orbax checkpoints (the newest: ckpt_000000005), written on the JAX backend" \
+        in last and "--backend=jax" in last, done.stderr[-2000:]
+    assert os.listdir(tmp_path / "checkpoints") == ["ckpt_000000005"]

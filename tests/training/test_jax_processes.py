@@ -1,7 +1,8 @@
 """One JAX run across processes (jax.distributed): two CPU processes on
 127.0.0.1 train together as one process over two devices does, only process 0
-writes, a resumed run restores the same checkpoint in both, and a process
-that dies stops the other with one line."""
+writes the run's files (both write their Orbax checkpoints together), a
+resumed run restores the same checkpoint in both, and a process that dies
+stops the other with one line."""
 
 import json
 import os
@@ -112,6 +113,19 @@ def test_two_processes_train_as_one_process_over_two_devices(tmp_path):
     assert [row[0] for row in _losses(together)][:2] == [row[0] for row in
                                                          _losses(reference)][:2]
     assert len(_losses(together)) == 3
+    # One Orbax checkpoint per step, written by both; the keep rule's
+    # removals (step 3) the same in both.
+    checkpoints = together / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["ckpt_000000006", "ckpt_000000009"]
+
+    # The newest checkpoint unreadable: both pass it over, set it aside
+    # together and resume from step 6.
+    (checkpoints / "ckpt_000000009" / "state" / "metadata").write_text("{")
+    (rc0, out0, err0), (rc1, _, err1) = _finish(_start_pair(together, ["--train_steps=12"]))
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+    assert "resuming from the checkpoint at step 6" in out0
+    assert sorted(os.listdir(checkpoints)) == ["ckpt_000000009", "ckpt_000000009.unread",
+                                               "ckpt_000000012"]
 
 
 @jax_only

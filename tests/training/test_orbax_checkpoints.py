@@ -79,21 +79,49 @@ def test_a_checkpoint_restores_weights_optimizer_and_state_exactly(tmp_path):
     assert np.isnan(state["history"][0]["loss"])  # NaN stays NaN
 
 
-def test_training_goes_on_while_a_checkpoint_is_written_and_does_not_change_it(tmp_path):
+@pytest.fixture
+def held_write(monkeypatch):
+    """Holds every checkpoint's state file back until ``release()``: the
+    write stays in flight as long as a test needs."""
+    import asyncio
+    import threading
+
+    from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+    gate = threading.Event()
+    original = json_checkpoint_handler.JsonCheckpointHandler._save_fn
+
+    async def held(self, x, directory):
+        await asyncio.to_thread(gate.wait, 60)
+        return await original(self, x, directory)
+
+    monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", held)
+    return gate.set
+
+
+def test_training_goes_on_while_a_checkpoint_is_written_and_does_not_change_it(
+        tmp_path, held_write):
     """The save returns before the files are written; the steps after it
-    (Keras on JAX donates the variables' buffers to the next step) leave the
-    checkpoint as the variables were at the save."""
+    (Keras on JAX donates the variables' buffers to the next step) and the
+    history's next row leave the checkpoint as things were at the save."""
     model = _trained(_model())
     at_save = _values(model)
+    history = [{"epoch": 1, "loss": 1.0}]
     saver = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c"))
-    saver.save(model, step=2, epoch=0, history=[])
+    saver.save(model, step=2, epoch=1, history=history)
+    assert saver.writing()
     _trained(model, steps=3)
+    history.append({"epoch": 2, "loss": 0.5})
+    assert saver.writing() and os.listdir(tmp_path / "c") != ["ckpt_000000002"]
+    held_write()
     saver.finish()
+    assert not saver.writing() and os.listdir(tmp_path / "c") == ["ckpt_000000002"]
     after = _values(model)
     assert not all(np.array_equal(a, b) for a, b in zip(at_save, after))
     fresh = _model(seed=5)
-    orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c")).restore(fresh)
+    state = orbax_checkpoints.OrbaxCheckpointer(str(tmp_path / "c")).restore(fresh)
     _assert_equal(_values(fresh), at_save)
+    assert state["history"] == [{"epoch": 1, "loss": 1.0}]
 
 
 def _three(tmp_path, keep=3):
@@ -148,23 +176,33 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_newest_readable_one_and_kep
     assert (directory / "ckpt_000000006.unread").is_dir()
     reader.save(fresh, step=6, epoch=3, history=[])
     reader.close()
-    assert sorted(os.listdir(directory)) == ["ckpt_000000002", "ckpt_000000006",
-                                             "ckpt_000000006.unread"] or sorted(
-        os.listdir(directory)) == ["ckpt_000000006", "ckpt_000000006.unread"]
+    # keep=1: the run's own step 4 (restored) made room for its step 6; the
+    # run it continues is the whole folder's, so step 2 went too.
+    assert sorted(os.listdir(directory)) == ["ckpt_000000006", "ckpt_000000006.unread"]
 
 
 def test_the_keep_policy_removes_only_the_runs_own_checkpoints(tmp_path):
-    directory, _ = _three(tmp_path, keep=1)
-    assert os.listdir(directory) == ["ckpt_000000006"]
-    # Another run's checkpoint, copied in, older than this run's: kept.
-    shutil.copytree(directory / "ckpt_000000006", directory / "ckpt_000000001")
+    directory = tmp_path / "c"
     model = _model()
-    saver = orbax_checkpoints.OrbaxCheckpointer(str(directory), keep=1)
-    saver.restore(model)
-    for step in (8, 10):
-        saver.save(model, step=step, epoch=step // 2, history=[])
-    saver.close()
-    assert sorted(os.listdir(directory)) == ["ckpt_000000001", "ckpt_000000010"]
+    # Another run's checkpoint (other flags), older, and an unreadable one.
+    other = orbax_checkpoints.OrbaxCheckpointer(str(directory), identity={"seed": 2})
+    other.save(model, step=1, epoch=1, history=[])
+    other.close()
+    mine = orbax_checkpoints.OrbaxCheckpointer(str(directory), keep=1, identity={"seed": 1})
+    for step in (2, 3):
+        mine.save(model, step=step, epoch=step, history=[])
+    mine.close()
+    shutil.copytree(directory / "ckpt_000000003", directory / "ckpt_000000000")
+    (directory / "ckpt_000000000" / "state" / "metadata").write_text("{")
+    assert sorted(os.listdir(directory)) == ["ckpt_000000000", "ckpt_000000001",
+                                             "ckpt_000000003"]
+    resumed = orbax_checkpoints.OrbaxCheckpointer(str(directory), keep=1, identity={"seed": 1})
+    assert resumed.restore(model)["step"] == 3
+    for step in (4, 5):
+        resumed.save(model, step=step, epoch=step, history=[])
+    resumed.close()
+    assert sorted(os.listdir(directory)) == ["ckpt_000000000", "ckpt_000000001",
+                                             "ckpt_000000005"]
 
 
 def test_a_checkpoint_that_does_not_hold_the_models_variables_is_not_loaded(tmp_path):

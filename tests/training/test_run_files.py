@@ -27,7 +27,8 @@ def _config(model_dir, **kwargs):
     base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
                 epochs=2, batch_size=64, verbose=0, seed=1, deterministic=True,
                 keep_checkpoints=2, model_dir=str(model_dir),
-                checkpoint_format="h5")  # the files named here (JAX's Orbax: test_orbax_checkpoints)
+                # The files named here (JAX's Orbax ones: test_orbax_checkpoints).
+                checkpoint_format="h5")
     base.update(kwargs)
     return TrainConfig(**base)
 
