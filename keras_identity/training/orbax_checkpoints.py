@@ -33,6 +33,13 @@ HDF5 checkpoints of a run trained on TensorFlow so far are read too (the
 newest checkpoint of either format resumes) and removed like this run's own
 once newer ones are kept.
 
+Why Orbax, and only on JAX: it is the JAX ecosystem's maintained checkpoint
+library (asynchronous saves, multi-host coordination, GCS through
+TensorStore), and nothing of ours could match it on a TPU slice; it needs
+JAX, which a TensorFlow-only install (the TensorFlow 2.19 line, many GPU
+users) does not have, so the TensorFlow route keeps HDF5 checkpoints, which
+every install reads.
+
 Paths: Orbax reaches a bucket through ``etils.epath`` (folders and small
 files) and TensorStore (arrays).  ``etils.epath`` is pointed at fsspec
 (``EPATH_USE_TF=false``), the layer of every other file of a run
