@@ -357,30 +357,48 @@ class Checkpointer:
             return None
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        latest_path = storage.join(self.directory, state["weights"])
-        candidates = [(latest_path, state)] + [
-            (path, other) for path, other in self._candidates()
-            if path != latest_path and other["step"] < state["step"]]
+        candidates = [state] + self._older(state)
         skipped = []
-        for path, candidate in candidates:
+        for candidate in candidates:
+            name = candidate["weights"]
             if not self.same_identity(candidate):
-                skipped.append(f"{storage.basename(path)} (trained with other flags)")
+                skipped.append(f"{name} (trained with other flags)")
                 continue
             try:
-                load_weights(model, path)
+                self._load(model, candidate)
             except storage.StorageError as error:  # the store, not the file
-                raise CheckpointError(f"cannot read {path}: {error.strerror}") from None
+                raise CheckpointError(f"cannot read {storage.join(self.directory, name)}: "
+                                      f"{error.strerror}") from None
             except Exception as error:  # h5py OSError, KeyError, ValueError, ...
-                skipped.append(f"{storage.basename(path)} ({type(error).__name__})")
+                skipped.append(f"{name} ({self._failure(error)})")
                 continue
             if skipped:
                 warnings.warn(f"skipped unreadable checkpoint(s) {', '.join(skipped)} in "
-                              f"{self.directory}; resuming from {storage.basename(path)} "
+                              f"{self.directory}; resuming from {name} "
                               f"(step {candidate['step']}).", stacklevel=2)
             self._continued_step = int(candidate["step"])
+            self._restored(candidates)
             return candidate
         raise CheckpointError(f"no checkpoint in {self.directory} can be read: "
                               f"{', '.join(skipped)}; use a new --model_dir.")
+
+    def _older(self, state):
+        """The states of the checkpoints older than ``state`` with a
+        readable state, newest first: what :meth:`restore` falls back to."""
+        return [other for path, other in self._candidates()
+                if other["weights"] != state["weights"] and other["step"] < state["step"]]
+
+    def _load(self, model, state):
+        """Loads the checkpoint of ``state`` into ``model``."""
+        load_weights(model, storage.join(self.directory, state["weights"]))
+
+    def _failure(self, error):
+        """How a checkpoint that could not be loaded is described."""
+        return type(error).__name__
+
+    def _restored(self, candidates):
+        """Called once a checkpoint of ``candidates`` (the states tried,
+        newest first) was restored, at ``self._continued_step``."""
 
 
 def write_error(directory, step, error, previous):

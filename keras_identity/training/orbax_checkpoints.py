@@ -222,56 +222,35 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             return h5
         return orbax
 
-    def restore(self, model, state=None):
-        """Loads the newest readable checkpoint (of either format) into
-        ``model`` and its optimizer; see :meth:`checkpoints.Checkpointer.restore`.
-        Newer Orbax checkpoints passed over are set aside (renamed), so
-        this run's next checkpoints never meet them."""
-        state = self.latest() if state is None else state
-        if state is None:
-            return None
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        candidates = [state] + sorted(
+    def _older(self, state):
+        """Older checkpoints of both formats, newest first."""
+        return sorted(
             [other for _, other in self._orbax_states(warn=False)
-             if other["step"] < state["step"]]
-            + [other for _, other in self._candidates() if other["step"] < state["step"]],
+             if other["step"] < state["step"]] + super()._older(state),
             key=lambda other: other["step"], reverse=True)
-        skipped = []
-        for candidate in candidates:
-            name = candidate["weights"]
-            if not self.same_identity(candidate):
-                skipped.append(f"{name} (trained with other flags)")
-                continue
-            try:
-                if checkpoints.ORBAX_FOLDER.fullmatch(name):
-                    self._load(model, candidate["step"])
-                else:
-                    checkpoints.load_weights(model, storage.join(self.directory, name))
-            except storage.StorageError as error:
-                raise checkpoints.CheckpointError(
-                    f"cannot read {storage.join(self.directory, name)}: {error.strerror}") \
-                    from None
-            except Exception as error:  # Orbax's, TensorStore's, h5py's errors; a mismatch
-                skipped.append(f"{name} ({type(error).__name__}: "
-                               f"{' '.join(str(error).split())[:120]})")
-                continue
-            if skipped:
-                warnings.warn(f"skipped unreadable checkpoint(s) {', '.join(skipped)} in "
-                              f"{self.directory}; resuming from {name} (step "
-                              f"{candidate['step']}).", stacklevel=2)
-            self._continued_step = int(candidate["step"])
-            # The run continued: the checkpoints restored or passed over for
-            # it, with a readable state of this run's flags (no other's).
-            self._continued = {other["weights"] for other in candidates
-                               if other["step"] <= self._continued_step
-                               and self.same_identity(other)}
-            self._set_aside_newer(self._continued_step)
-            return candidate
-        raise checkpoints.CheckpointError(f"no checkpoint in {self.directory} can be read: "
-                                          f"{', '.join(skipped)}; use a new --model_dir.")
 
-    def _load(self, model, step):
+    def _failure(self, error):
+        return f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
+
+    def _restored(self, candidates):
+        """Notes the run continued (the checkpoints restored or passed over
+        for it, with a readable state of this run's flags: no other run's)
+        and sets aside newer Orbax checkpoints passed over, so that this
+        run's next checkpoints never meet them."""
+        self._continued = {other["weights"] for other in candidates
+                           if other["step"] <= self._continued_step
+                           and self.same_identity(other)}
+        self._set_aside_newer(self._continued_step)
+
+    def _load(self, model, state):
+        """An HDF5 checkpoint as the base class loads it; an Orbax one by
+        :meth:`_load_orbax`."""
+        if checkpoints.ORBAX_FOLDER.fullmatch(state["weights"]):
+            self._load_orbax(model, state["step"])
+        else:
+            super()._load(model, state)
+
+    def _load_orbax(self, model, step):
         """Assigns the arrays of the Orbax checkpoint of ``step`` to the
         model's and optimizer's variables, refusing a checkpoint that does not
         hold exactly those variables with their shapes."""
