@@ -447,6 +447,16 @@ def rename(source, target):
         fs.rm_file(source)
 
 
+def rename_folder(source, target):
+    """Moves folder ``source`` to ``target`` (locally an atomic rename; in a
+    store each file's copy and delete, names taken literally)."""
+    if not is_remote(source):
+        os.replace(source, target)
+        return
+    for relative in list_files(source):
+        rename(join(source, relative), join(target, relative))
+
+
 def rmtree(path):
     """Removes folder ``path`` and everything in it (nothing else: names
     are taken literally)."""

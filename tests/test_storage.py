@@ -227,6 +227,15 @@ def test_remove_and_rmtree(root):
     storage.rmtree(storage.join(root, "tree"))  # missing: nothing to do
 
 
+def test_rename_folder_moves_every_file_and_only_the_folder(root):
+    for name, data in (("ckpt_1/a", b"a"), ("ckpt_1/sub/b", b"b"), ("ckpt_12/c", b"c")):
+        storage.makedirs(storage.dirname(storage.join(root, name)))
+        storage.write_bytes(storage.join(root, name), data)
+    storage.rename_folder(storage.join(root, "ckpt_1"), storage.join(root, "ckpt_1.unread"))
+    assert storage.list_files(root) == ["ckpt_1.unread/a", "ckpt_1.unread/sub/b", "ckpt_12/c"]
+    assert storage.read_bytes(storage.join(root, "ckpt_1.unread", "sub", "b")) == b"b"
+
+
 def test_rename(root):
     storage.makedirs(root)
     source, target = storage.join(root, "a.tmp"), storage.join(root, "a.json")

@@ -444,7 +444,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         while storage.exists(aside):
             number += 1
             aside = f"{path}.unread{number}"
-        _move_folder(path, aside)
+        storage.rename_folder(path, aside)
         warnings.warn(f"kept {storage.basename(path)}, a checkpoint this run did not write "
                       f"and cannot read, as {storage.basename(aside)}.", stacklevel=4)
 
@@ -488,19 +488,11 @@ def _remove_folder(path):
     leaves a half checkpoint that looks whole."""
     if not storage.is_remote(path):
         doomed = f"{path}.orbax-checkpoint-tmp-removed"
-        os.replace(path, doomed)
+        storage.rename_folder(path, doomed)
         storage.rmtree(doomed)
         return
     storage.remove(storage.join(path, "commit_success.txt"))
     storage.rmtree(path)
-
-
-def _move_folder(source, target):
-    if not storage.is_remote(source):
-        os.replace(source, target)
-        return
-    for relative in storage.list_files(source):
-        storage.rename(storage.join(source, relative), storage.join(target, relative))
 
 
 def _abstract(variable):

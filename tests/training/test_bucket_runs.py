@@ -37,6 +37,10 @@ ORBAX = keras.backend.backend() == "jax" and orbax_checkpoints.available()
 CHECKPOINTS = (["ckpt_000000008", "ckpt_000000012"] if ORBAX else [
     "ckpt-000000008.state.json", "ckpt-000000008.weights.h5", "ckpt-000000012.state.json",
     "ckpt-000000012.weights.h5", "state.json"])
+# FLAGS' run for train() in this process, in the leg's own checkpoint format.
+RUN_OF_FLAGS = dict(checkpoint_format=None, depth=10, batch_size=32, steps_per_epoch=4,
+                    train_examples=512, test_examples=96, seed=3, deterministic=False,
+                    epochs=None, steps_per_execution=1)
 RUN_FILES = ["config.json", "curves.png", "history.csv", "history.json", "model.keras",
              "preprocessing.json", "run.json"]
 
@@ -348,9 +352,7 @@ def test_a_write_refused_during_a_checkpoint_is_one_line_and_the_one_before_is_i
     from tests.gcs_emulator import REFUSED_WRITES
 
     run = gcs_emulator("refused")
-    config = dict(checkpoint_format=None, depth=10, batch_size=32, steps_per_epoch=4,
-                  train_examples=512, test_examples=96, seed=3, deterministic=False,
-                  epochs=None, steps_per_execution=1)  # the run of FLAGS
+    config = RUN_OF_FLAGS
     train(_config(run, train_steps=8, **config), lambda *_: None)
     folder = storage.join(run, "checkpoints")
     before = {f: storage.read_bytes(storage.join(folder, f)) for f in storage.list_files(folder)}
@@ -383,9 +385,7 @@ def test_an_orbax_checkpoint_without_its_commit_in_a_bucket_is_not_resumed_nor_o
     without ``commit_success.txt``: the run resumes from step 8 and ends as
     the uninterrupted one, keeping that folder aside."""
     run = gcs_emulator("uncommitted")
-    config = dict(checkpoint_format=None, depth=10, batch_size=32, steps_per_epoch=4,
-                  train_examples=512, test_examples=96, seed=3, deterministic=False,
-                  epochs=None, steps_per_execution=1)  # the run of FLAGS
+    config = RUN_OF_FLAGS
     train(_config(run, train_steps=8, **config), lambda *_: None)
     folder = storage.join(run, "checkpoints")
     for relative in storage.list_files(storage.join(folder, "ckpt_000000008")):

@@ -216,10 +216,7 @@ def test_a_stop_signal_saves_the_trial_in_progress_and_the_search_resumes_it(tmp
     step in progress with the trial's checkpoint; run again, it finishes
     that trial from the checkpoint (not from its start) and the search, with
     the results of a search never stopped."""
-    import signal
-
     from keras_identity.training import Stopped
-    from keras_identity.training import preemption
 
     def config(name):
         search = search_config(tmp_path / name, gate_biases=(0.0, -2.0))
@@ -229,17 +226,8 @@ def test_a_stop_signal_saves_the_trial_in_progress_and_the_search_resumes_it(tmp
         return search
 
     straight = run_search(config("straight"), print_fn=quiet)["rows"]
-    calls = []
-    original = preemption.InEpochCheckpoints.on_train_batch_end
-
-    def end(self, batch, logs=None):
-        calls.append(batch)
-        if len(calls) == 18 + 13:  # the second trial (9 steps an epoch), 4 into epoch 2
-            os.kill(os.getpid(), signal.SIGTERM)
-        return original(self, batch, logs)
-
     with monkeypatch.context() as patch:
-        patch.setattr(preemption.InEpochCheckpoints, "on_train_batch_end", end)
+        stop_in_the_second_trial(patch)
         with pytest.raises(Stopped) as stopped:
             run_search(config("stopped"), print_fn=quiet)
     # The JAX route decides beside the next steps: a few more may run first.
@@ -297,6 +285,18 @@ def stop_at(patch, method, when):
 
     patch.setattr(preemption.InEpochCheckpoints, method, hook)
     return sent
+
+
+def stop_in_the_second_trial(patch):
+    """SIGTERM at the 31st training batch of a search of 2-epoch trials of 9
+    steps an epoch: the second trial, 4 steps into its epoch 2."""
+    calls = []
+
+    def when(self, *args):
+        calls.append(True)
+        return len(calls) == 18 + 13
+
+    return stop_at(patch, "on_train_batch_end", when)
 
 
 @pytest.mark.parametrize("damage", ["state_cut_short", "weights_garbled"])

@@ -9,37 +9,24 @@ import os
 import subprocess
 import sys
 
-import keras
 import pytest
 
 from keras_identity import storage
+from tests.training.test_bucket_runs import _env
+from tests.training.test_bucket_runs import _local_files
+from tests.training.test_bucket_runs import _machine
+from tests.tuning.test_search import stop_in_the_second_trial
 
 FLAGS = ["--model=highway_net", "--depth=4", "--train_examples=3000", "--epochs=1",
          "--gate_biases=0,-2", "--verbose=0"]
 
 
-def _machine(tmp_path, name):
-    """A fresh working directory and temporary folder (a new VM's)."""
-    cwd, tmp = tmp_path / name / "cwd", tmp_path / name / "tmp"
-    cwd.mkdir(parents=True)
-    tmp.mkdir()
-    return cwd, tmp
-
-
 def _tune(gcs_emulator, machine, model_dir, *extra):
     cwd, tmp = machine
-    env = dict(os.environ, STORAGE_EMULATOR_HOST=gcs_emulator.url, TMPDIR=str(tmp),
-               KERAS_BACKEND=keras.backend.backend())
-    for name in ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",):
-        env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "keras_identity_cli.tune", *FLAGS,
-                           f"--model_dir={model_dir}", *extra], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
-def _local_files(machine):
-    return sorted(os.path.relpath(os.path.join(root, n), folder)
-                  for folder in machine for root, _, names in os.walk(folder) for n in names)
+                           f"--model_dir={model_dir}", *extra], cwd=cwd,
+                          env=_env(gcs_emulator, tmp), capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_a_search_in_a_bucket_keeps_its_files_there_and_continues_on_another_machine(
@@ -89,12 +76,10 @@ def test_a_stopped_trial_keeps_its_progress_in_the_bucket_and_resumes_from_it(
     """SIGTERM in the second trial: its checkpoint is in the bucket (not in
     the staging folder, which is gone), and the search run again resumes the
     trial from it."""
-    import signal
     import tempfile
 
     from keras_identity.training import Stopped
     from keras_identity.training import TrainConfig
-    from keras_identity.training import preemption
     from keras_identity.tuning import SearchConfig
     from keras_identity.tuning import run_search
 
@@ -108,17 +93,8 @@ def test_a_stopped_trial_keeps_its_progress_in_the_bucket_and_resumes_from_it(
                             verbose=0, seed=1, steps_per_execution=1, model_dir=model_dir)
         return SearchConfig(train=train, gate_biases=(0.0, -2.0))
 
-    calls = []
-    original = preemption.InEpochCheckpoints.on_train_batch_end
-
-    def end(self, batch, logs=None):
-        calls.append(batch)
-        if len(calls) == 18 + 13:  # the second trial (9 steps an epoch), 4 into epoch 2
-            os.kill(os.getpid(), signal.SIGTERM)
-        return original(self, batch, logs)
-
     with monkeypatch.context() as patch:
-        patch.setattr(preemption.InEpochCheckpoints, "on_train_batch_end", end)
+        stop_in_the_second_trial(patch)
         with pytest.raises(Stopped) as stopped:
             run_search(search(), print_fn=lambda *_: None)
     progress = stopped.value.directory
