@@ -216,11 +216,7 @@ class Checkpointer:
     def _set_aside(self, path):
         """Renames a checkpoint this run did not write (one it could not read,
         newer than the step it resumed from) out of the way, never over it."""
-        aside = path + ".unread"
-        number = 1
-        while storage.exists(aside):
-            number += 1
-            aside = f"{path}.unread{number}"
+        aside = aside_name(path)
         storage.rename(path, aside)
         for own in (_state_of(path), _state_of(path) + ".partial"):
             if storage.exists(own):
@@ -399,6 +395,17 @@ class Checkpointer:
     def _restored(self, candidates):
         """Called once a checkpoint of ``candidates`` (the states tried,
         newest first) was restored, at ``self._continued_step``."""
+
+
+def aside_name(path):
+    """The name a checkpoint ``path`` is set aside under: ``<path>.unread``,
+    or ``.unread2``, ... where that is taken (nothing is renamed over)."""
+    aside = path + ".unread"
+    number = 1
+    while storage.exists(aside):
+        number += 1
+        aside = f"{path}.unread{number}"
+    return aside
 
 
 def write_error(directory, step, error, previous):

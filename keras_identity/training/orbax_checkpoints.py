@@ -439,11 +439,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
     def _set_aside_folder(self, path):
         """Renames the checkpoint folder ``path``, which this run did not
         write, out of the way (never over another)."""
-        aside = path + ".unread"
-        number = 1
-        while storage.exists(aside):
-            number += 1
-            aside = f"{path}.unread{number}"
+        aside = checkpoints.aside_name(path)
         storage.rename_folder(path, aside)
         warnings.warn(f"kept {storage.basename(path)}, a checkpoint this run did not write "
                       f"and cannot read, as {storage.basename(aside)}.", stacklevel=4)
