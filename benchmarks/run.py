@@ -58,6 +58,10 @@ flags.DEFINE_list("jax_modes", ["unrolled", "scan"], "Stage modes measured on JA
 flags.DEFINE_list("tf_kernels", ["default"],
                   "TensorFlow's CPU kernels, a row each: default (keras_identity's training "
                   "choice, or TF_ENABLE_ONEDNN_OPTS where you set it), onednn, eigen.")
+flags.DEFINE_list("tf_threads", ["auto"],
+                  "TensorFlow's CPU thread pools, a row each: auto (the trainer's choice for "
+                  "the batch: keras_identity.training.cpu_threads), tensorflow (TensorFlow's "
+                  "own split), or a number of threads per operation.")
 flags.DEFINE_list("precisions", ["float32", "bfloat16"],
                   "float32, and bfloat16 (Keras mixed_bfloat16, PyTorch autocast; float16 "
                   "on a GPU).")
@@ -79,7 +83,7 @@ flags.DEFINE_boolean("build_optimizer", True,
 flags.DEFINE_integer("timeout_s", 1800, "Time limit of one measurement.")
 flags.DEFINE_string("output_json", "benchmarks/results/latest.json", "Where to write JSON.")
 flags.DEFINE_string("worker", None, "Internal: run one measurement, "
-                    "framework:model:shortcut:mode:batch:params, or 'peak'.")
+                    "model:shortcut:mode:batch:precision:tf_threads, or 'peak'.")
 
 # Dense bf16/fp16 peaks (TFLOP/s) of one device, for the 16-bit rows' model
 # FLOP utilisation: GPU tensor cores, and TPU chips by JAX's device_kind.
@@ -191,11 +195,28 @@ def _peak_rss_mb():
 
 
 # --------------------------------------------------------------- measurement
-def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup):
+def _tf_threads(value, batch):
+    """Sets TensorFlow's pools for a ``--tf_threads`` value, before its
+    runtime starts, as the trainer does; the pools' sizes as a cell."""
+    import tensorflow as tf
+
+    from keras_identity.training import cpu_threads
+
+    intra = {"auto": None, "tensorflow": 0}.get(value)
+    cpu_threads.configure(int(value) if intra is None and value != "auto" else intra, batch)
+    sizes = (tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads())
+    return "TF's own" if sizes == (0, 0) else f"{sizes[0]} x {sizes[1]} ops"
+
+
+def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup, threads):
     import numpy as np
     import keras
 
     import keras_identity as ki
+
+    threads_cell = (_tf_threads(threads, batch) if keras.backend.backend() == "tensorflow"
+                    else None)
 
     if precision == "bfloat16":
         gpu = any(d.startswith("gpu") for d in keras.distribution.list_devices())
@@ -236,6 +257,7 @@ def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup):
                   images_per_s=images_per_s, peak_memory_mb=_peak_rss_mb())
     if keras.backend.backend() == "tensorflow":  # the kernels its CPU ops ran
         result["cpu_kernels"] = cpu_kernels.kernels()
+        result["tf_threads_used"] = threads_cell
     return result
 
 
@@ -243,9 +265,9 @@ def _worker(spec):
     if spec == "peak":
         print("RESULT " + json.dumps(_measure_peak()), flush=True)
         return
-    model, shortcut, mode, batch, precision = spec.split(":")
+    model, shortcut, mode, batch, precision, threads = spec.split(":")
     result = _measure_keras(_depth(model), shortcut, mode, int(batch), precision, FLAGS.steps,
-                            FLAGS.warmup)
+                            FLAGS.warmup, threads)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -279,7 +301,7 @@ def _measure(config):
                     + ([f"--expected_parameters={config['expected_params']}"]
                        if config.get("expected_params") else []), {})
     spec = ":".join([config["model"], config["shortcut"], config["mode"], str(config["batch"]),
-                     config["precision"]])
+                     config["precision"], config.get("threads", "auto")])
     env = {"KERAS_BACKEND": config["backend"]}
     if TF_KERNELS.get(config.get("kernels")) is not None:
         env[cpu_kernels.VARIABLE] = TF_KERNELS[config["kernels"]]
@@ -345,6 +367,10 @@ def _check_flags():
     check("shortcuts", FLAGS.shortcuts, SHORTCUT_ARGS)
     check("precisions", FLAGS.precisions, PRECISIONS)
     check("tf_kernels", FLAGS.tf_kernels, TF_KERNELS)
+    for value in FLAGS.tf_threads:
+        if value not in ("auto", "tensorflow") and not (value.isdigit() and int(value) > 0):
+            raise ValueError(f"--tf_threads: {value!r} is not valid; expected auto, tensorflow "
+                             f"or a positive number of threads per operation.")
     if FLAGS.steps < 2:
         raise ValueError(f"--steps={FLAGS.steps} is not valid; expected at least 2.")
     if FLAGS.repeats < 1:
@@ -361,8 +387,9 @@ def _configs(model, depth, batch):
             for shortcut in FLAGS.shortcuts:
                 for mode in FLAGS.modes if shortcut == "identity" else FLAGS.shortcut_modes:
                     for kernels in FLAGS.tf_kernels:
-                        rows.append(dict(common, backend="tensorflow", shortcut=shortcut,
-                                         mode=mode, kernels=kernels))
+                        for threads in FLAGS.tf_threads:
+                            rows.append(dict(common, backend="tensorflow", shortcut=shortcut,
+                                             mode=mode, kernels=kernels, threads=threads))
         if "jax" in FLAGS.backends and "identity" in FLAGS.shortcuts:
             for mode in FLAGS.jax_modes:
                 rows.append(dict(common, backend="jax", shortcut="identity", mode=mode))
@@ -398,6 +425,7 @@ def _annotate(rows, depth, peaks):
         identity_scan = next((r for r in same if r["shortcut"] == "identity"
                               and r["backend"] == "tensorflow" and r["mode"] == "scan"
                               and row.get("kernels") in (None, r.get("kernels"))
+                              and row.get("threads") in (None, r.get("threads"))
                               and "first_step_s" in r), None)
         flops = 3 * forward_flops(depth, shortcut=row["shortcut"])  # forward + backward
         speed = row.get("images_per_s")
@@ -447,7 +475,9 @@ def main(argv):
 
     columns = [("model", "model", "{}"), ("backend", "backend", "{}"),
                ("shortcut", "shortcut", "{}"), ("mode", "mode", "{}"),
-               ("cpu_kernels", "TF kernels", "{}"), ("precision", "precision", "{}"),
+               ("cpu_kernels", "TF kernels", "{}"),
+               ("tf_threads_used", "TF threads per op x ops", "{}"),
+               ("precision", "precision", "{}"),
                ("batch", "batch", "{}"),
                ("params", "params", "{:,d}"), ("build_s", "build (s)", "{:.1f}"),
                ("first_step_s", "first step (s)", "{:.1f}"),
@@ -456,7 +486,8 @@ def main(argv):
                ("peak_memory_mb", "peak memory (MB)", "{:,.0f}"),
                ("tflops_per_s", "TFLOP/s", "{:.3f}"), ("mfu", "MFU", "{:.1%}")]
     if "tensorflow" not in FLAGS.backends:
-        columns = [column for column in columns if column[0] != "cpu_kernels"]
+        columns = [column for column in columns
+                   if column[0] not in ("cpu_kernels", "tf_threads_used")]
     shown = [dict(row, build_s=f"failed: {row['error']}") if "error" in row else row
              for row in rows]
     torch_version = next((r["torch"] for r in rows if "torch" in r), None)

@@ -43,7 +43,7 @@ _cli.define_backend_flag()
 _cli.define_config_flags(
     names=("model", "depth", "dataset", "data_dir", "recipe", "batch_size", "epochs",
            "strategy", "tpu", "precision", "seed", "train_examples", "model_dir", "verbose",
-           "checkpoint_every", "stop_signal"),
+           "checkpoint_every", "stop_signal", "input_workers"),
     defaults={"epochs": 3})
 _cli.define_model_flags()
 flags.DEFINE_enum("tuner", "grid", list(_cli.tuners()), "Tuner.")

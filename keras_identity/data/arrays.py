@@ -21,9 +21,15 @@ built without TensorFlow:
   every example of a batch is read once.
 
 In-memory datasets (MNIST, CIFAR) are augmented a whole batch at a time
-with array indexing (no Python loop per image); image files (ImageNet) are
-decoded and augmented one image at a time.  A pool of threads prepares the
-next batches while the accelerator trains on the current one.
+with array indexing (no Python loop per image), by a pool of threads that
+prepares the next batches while the accelerator trains on the current one.
+Image files (ImageNet folders, tensorflow_datasets' random-access sources)
+are decoded and augmented one image at a time, in Grain's worker processes
+(``workers``, by default one per core on a machine of more than ``THREADS``
+cores; :mod:`keras_identity.data.grain_workers`), or in the threads (on
+fewer cores, where Grain is not installed, or with ``workers=0``): on 2
+cores the threads read a JPEG folder faster, having no batches to pass
+between processes (docs/tpu.md), and only processes scale past them.
 
 The numbers drawn differ from TensorFlow's stateless generators: the two
 pipelines agree exactly where no randomness is involved (the test set, the
@@ -37,7 +43,9 @@ import threading
 import keras
 import numpy as np
 
+from keras_identity import _checks
 from keras_identity.data import datasets as datasets_lib
+from keras_identity.data import grain_workers
 from keras_identity.data.facts import AUGMENTATIONS
 
 # What a generator's draws are for (the second word of its seed).
@@ -126,6 +134,29 @@ def _process_rows(batch_size, process_index, process_count):
     return process_index * local, local
 
 
+def _resolve_workers(workers, examples, source):
+    """The worker processes of a stream (0: threads of this process)."""
+    if workers is None:  # the threads use every core of a machine of THREADS cores
+        if (examples.images is not None or not grain_workers.available()
+                or grain_workers.cores() <= THREADS):
+            return 0
+        return grain_workers.cores()
+    _checks.check_positive_int("workers", workers, minimum=0)
+    if workers and examples.images is not None:
+        raise ValueError(f"workers={workers} is not valid for {source}, which is held in "
+                         f"memory and augmented a batch at a time in this process; worker "
+                         f"processes decode image files (expected 0 or None).")
+    if workers and not grain_workers.available():
+        raise ValueError(f"workers={workers} needs Grain, which is not installed: pip install "
+                         f"grain (or keras-identity[jax]); 0 reads with threads.")
+    return workers
+
+
+def _prefetcher(make, workers, limit=None):
+    return (grain_workers.Prefetcher(make, workers, limit) if workers
+            else _Prefetcher(make, limit))
+
+
 class _Prefetcher:
     """Computes ``make(i)`` for the indices after the one asked for, in threads."""
 
@@ -211,11 +242,16 @@ class TrainBatches(keras.utils.PyDataset):
     order), with ``process_index`` and ``process_count`` (this process, and
     how many read the stream together: ``jax.process_index()``,
     ``jax.process_count()``) in place of a ``tf.distribute`` input context;
-    batches are always whole.
+    batches are always whole.  ``workers``: the processes decoding image
+    files (None: one per core where Grain is installed and the machine has
+    more than ``THREADS`` cores; 0: threads of this
+    process; in-memory datasets always use threads); the stream is the same
+    for every value.
     """
 
     def __init__(self, data, *, batch_size, normalization, augmentation="none", seed=0,
-                 start_step=0, process_index=0, process_count=1, raw_pixels=False):
+                 start_step=0, process_index=0, process_count=1, raw_pixels=False,
+                 workers=None):
         super().__init__()
         if augmentation not in AUGMENTATIONS:
             raise ValueError(f"augmentation={augmentation!r} is not valid; expected one of: "
@@ -232,9 +268,19 @@ class TrainBatches(keras.utils.PyDataset):
         self.seed = int(seed)
         self.start_step = int(start_step)
         self.raw_pixels = raw_pixels
+        self.workers = _resolve_workers(workers, self.examples, data.source)
         self._permutations = {}
         self._permutation_lock = threading.Lock()
-        self._prefetcher = _Prefetcher(self.global_batch)
+        self._prefetcher = _prefetcher(self.global_batch, self.workers)
+
+    def __getstate__(self):  # sent to Grain's workers: the data and the draws, no threads
+        state = dict(self.__dict__, _permutations={}, _prefetcher=None)
+        del state["_permutation_lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._permutation_lock = threading.Lock()
 
     @property
     def num_batches(self):
@@ -303,11 +349,12 @@ class EvalBatches(keras.utils.PyDataset):
         process_index, process_count: as in :class:`TrainBatches` (several
             processes need ``pad_to_batch``).
         raw_pixels: pixel values in [0, 255] instead of normalised images.
+        workers: as in :class:`TrainBatches`.
     """
 
     def __init__(self, data, *, batch_size, normalization, split="test", pad_to_batch=False,
                  eval_resize=256, eval_crop=224, process_index=0, process_count=1,
-                 raw_pixels=False):
+                 raw_pixels=False, workers=None):
         super().__init__()
         if process_count > 1 and not pad_to_batch:
             raise ValueError("several processes read equal, full batches: pass "
@@ -320,7 +367,11 @@ class EvalBatches(keras.utils.PyDataset):
         self.eval_resize, self.eval_crop = eval_resize, eval_crop
         self.raw_pixels = raw_pixels
         self.files = self.examples.images is None
-        self._prefetcher = _Prefetcher(self.global_batch, limit=self.num_batches)
+        self.workers = _resolve_workers(workers, self.examples, data.source)
+        self._prefetcher = _prefetcher(self.global_batch, self.workers, limit=self.num_batches)
+
+    def __getstate__(self):  # sent to Grain's workers
+        return dict(self.__dict__, _prefetcher=None)
 
     @property
     def num_batches(self):

@@ -54,6 +54,17 @@ def _tpu_present():
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+def accelerators_present(name="auto", tpu_address=""):
+    """Whether TensorFlow's strategy ``name`` would train on GPUs or a TPU
+    here, asked without starting TensorFlow's runtime (physical devices, a
+    TPU VM's chips, a TPU named by the flags or the environment)."""
+    import tensorflow as tf
+
+    if name == "tpu" or _tpu_candidates(tpu_address):
+        return True
+    return name != "default" and bool(tf.config.list_physical_devices("GPU"))
+
+
 def _tpu_candidates(tpu_address):
     """TPU addresses worth trying: the given one, a TPU VM's local chips
     (``/dev/accel*``, ``/dev/vfio``), or the TPU named by the environment

@@ -26,6 +26,7 @@ from keras_identity.data import normalization as normalization_lib
 from keras_identity.models import registry
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
+from keras_identity.training import cpu_threads
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import recipes as recipes_lib
@@ -54,6 +55,14 @@ def setting(default=None, help=None, choices=None):
     if isinstance(default, dict):
         return dataclasses.field(default_factory=dict, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+# Settings of one backend's machinery: (name, backend, what it sets there).
+_BACKEND_SETTINGS = (
+    ("intra_op_threads", "tensorflow",
+     "it sets TensorFlow's CPU thread pools (XLA's CPU runtime sizes its own)"),
+    ("input_workers", "jax", "it sets the JAX route's worker processes (--backend=jax), "
+     "tf.data tunes its own parallelism"))
 
 
 @dataclasses.dataclass
@@ -118,6 +127,14 @@ class TrainConfig:
         "at epoch ends only.")
     stop_signal: str = setting(None, "A signal that stops the run with a checkpoint, besides "
                                "SIGTERM and SIGINT (SLURM: --signal=USR1@120 with USR1).")
+    intra_op_threads: int = setting(
+        None, "TensorFlow threads per CPU operation in training (default: half the cores, two "
+        "operations at once, where the batch gives each core 8 images or fewer on a CPU; 0: "
+        "TensorFlow's own split, every core per operation).")
+    input_workers: int = setting(
+        None, "Processes decoding image files on the JAX route (Grain; default: one per "
+        "core on machines of more than 2 cores where grain is installed, else 0: two threads "
+        "of the training process). The stream is the same for every value.")
     train_examples: int = setting(None, "Use a random subset of the training set.")
     test_examples: int = setting(None, "Use a random subset of the test set.")
     eval_crop: int = setting(224, "ImageNet evaluation crop (Table 5).", (224, 320))
@@ -186,6 +203,12 @@ class TrainConfig:
         if self.checkpoint_format == "orbax" and not orbax_checkpoints.available():
             raise ValueError("checkpoint_format='orbax' needs orbax-checkpoint, which is not "
                              "installed: pip install orbax-checkpoint (or keras-identity[jax]).")
+        for name, backend, why in _BACKEND_SETTINGS:
+            if getattr(self, name) is not None:
+                _checks.check_positive_int(name, getattr(self, name), minimum=0)
+                if keras.backend.backend() != backend:
+                    raise ValueError(f"{name} is not valid on the {keras.backend.backend()} "
+                                     f"backend; {why}.")
         preemption.parse_checkpoint_every(self.checkpoint_every)
         if self.stop_signal is not None:
             preemption.signal_number(self.stop_signal)
@@ -576,7 +599,8 @@ def setup_precision_and_seed(config):
 
 
 def input_streams(strategy, data, *, batch_size, normalization, augmentation, seed,
-                  start_step=0, split="test", eval_crop=224, training=True, evaluation=True):
+                  start_step=0, split="test", eval_crop=224, training=True, evaluation=True,
+                  workers=None):
     """The training stream and the evaluation batches of a run (models that
     take pixel values), for the Keras backend:
 
@@ -584,7 +608,8 @@ def input_streams(strategy, data, *, batch_size, normalization, augmentation, se
       distributed by the ``tf.distribute`` strategy;
     * JAX: NumPy batches in ``keras.utils.PyDataset`` objects
       (:mod:`keras_identity.data.arrays`), each process reading its rows of
-      every global batch.
+      every global batch, image files decoded in ``workers`` processes
+      (``--input_workers``; None: see :class:`~keras_identity.data.TrainBatches`).
 
     Returns ``(train, evaluation)``; ``training`` or ``evaluation`` False
     leaves that one None.
@@ -594,7 +619,7 @@ def input_streams(strategy, data, *, batch_size, normalization, augmentation, se
     train = evaluate = None
     if isinstance(strategy, strategies.KerasDistribution):
         processes = dict(process_index=strategy.process_index,
-                         process_count=strategy.process_count)
+                         process_count=strategy.process_count, workers=workers)
         if training:
             train = arrays.TrainBatches(
                 data, batch_size=batch_size, normalization=normalization,
@@ -645,6 +670,7 @@ class Run:
     identity: dict = None
     extended_from: int = None
     previous_backend: str = None   # the backend that trained the run so far (run.json's)
+    threads: str = None     # TensorFlow's CPU thread pools, a line (cpu_threads.configure)
     steps_per_execution: int = 1
     lock: object = None     # the chief's run_lock.RunLock, held until training ends
 
@@ -672,6 +698,12 @@ def prepare(config, strategy=None):
     lock = None
     try:
         config.validate()
+        threads = None
+        if keras.backend.backend() == "tensorflow":  # before TensorFlow's runtime starts
+            threads = cpu_threads.configure(
+                config.intra_op_threads, config.batch_size or config.get_recipe().batch_size,
+                accelerator=strategy is not None or strategies.accelerators_present(
+                    config.strategy, config.tpu))
         setup_precision_and_seed(config)
         if strategy is None:
             strategy = strategies.get_strategy(config.strategy, config.tpu)
@@ -762,7 +794,7 @@ def prepare(config, strategy=None):
                augmentation=augmentation, checkpointer=checkpointer, state=state,
                identity=identity, extended_from=extended_from,
                previous_backend=saved.get("backend") if state is not None else None,
-               steps_per_execution=steps_per_execution, lock=lock)
+               steps_per_execution=steps_per_execution, lock=lock, threads=threads)
 
 
 def train(config, print_fn=print, strategy=None):
@@ -899,6 +931,8 @@ def _train(run, print_fn, started):
     kernels = cpu_kernels.describe() if keras.backend.backend() == "tensorflow" else None
     if kernels:
         print_fn(kernels)
+    if run.threads:
+        print_fn(run.threads)
     if end_step < schedule.total_steps:
         print_fn(f"stopping at step {end_step:,} of {schedule.total_steps:,} (--stop_at_step; "
                  f"the same command with a larger one, or without it, continues the run)")
@@ -921,7 +955,8 @@ def _train(run, print_fn, started):
                  f"new length (drops at {list(schedule.boundaries)})")
 
     streams = dict(batch_size=schedule.batch_size, normalization=normalization,
-                   augmentation=augmentation, seed=config.seed, eval_crop=config.eval_crop)
+                   augmentation=augmentation, seed=config.seed, eval_crop=config.eval_crop,
+                   workers=config.input_workers)
     _, eval_ds = input_streams(strategy, data, training=False, **streams)
 
     def make_train(step):

@@ -10,6 +10,7 @@ import pytest
 import keras_identity as ki
 from benchmarks import run as bench
 from keras_identity import _cpu_kernels as cpu_kernels
+from keras_identity.training import cpu_threads
 from tests.backend import default_route
 from tests.conftest import REPO
 
@@ -50,9 +51,12 @@ def test_small_run_writes_table_and_json(tmp_path):
     if platform.machine() == "x86_64" and "avx2" in cpu_kernels.cpu_flags():
         assert kernels == "oneDNN"
     assert f"{kernels} CPU kernels" in result.stdout.splitlines()[0]
-    assert (f"| preact_resnet11 | tensorflow | identity | scan | {kernels} | float32 | 4 |"
-            in result.stdout)
-    assert "| preact_resnet11 | jax | identity | scan | - | float32 | 4 |" in result.stdout
+    # TensorFlow's thread pools as the trainer sets them for the batch (4).
+    chosen = cpu_threads.choose(None, 4)
+    threads = "TF's own" if chosen is None else f"{chosen[0]} x {chosen[1]} ops"
+    assert (f"| preact_resnet11 | tensorflow | identity | scan | {kernels} | {threads} | "
+            f"float32 | 4 |" in result.stdout)
+    assert "| preact_resnet11 | jax | identity | scan | - | - | float32 | 4 |" in result.stdout
     # Alternated: each configuration once, then each again.
     launched = [line.split("--worker=")[0] + line.split("--worker=")[1].split()[0]
                 for line in result.stdout.splitlines() if "--worker=preact" in line]
@@ -112,6 +116,7 @@ def test_pytorch_worker_imports_neither_tensorflow_nor_keras(tmp_path):
     (["--jax_modes=fast"], ["--jax_modes", "'fast'"]),
     (["--precisions=float16"], ["--precisions", "'float16'"]),
     (["--repeats=0"], ["--repeats=0"]),
+    (["--tf_threads=many"], ["--tf_threads", "'many'", "auto, tensorflow"]),
 ])
 def test_bad_flags_exit_with_one_line(args, words):
     result = _cli(*args, "--notorch")

@@ -1,7 +1,7 @@
 """Files that would stop a run with a traceback, or train it on the wrong data,
 are refused in one line naming them: links that loop or point nowhere, test
 classes without training images, images that do not decode (in memory, in
-the tf.data file pipeline, in the JAX route's prefetch threads), headers
+the tf.data file pipeline, in the JAX route's threads and worker processes), headers
 that declare more pixels than are read, arrays of the wrong kind, images
 outside ``<split>/<class>/<image>`` (class folders that are links to
 folders are read).  PNG pixels: tests/data/test_png_pixels.py."""
@@ -199,10 +199,14 @@ def test_tf_data_streams_are_unchanged_by_the_checks(tmp_path):
     assert np.concatenate([y for _, y in test]).tolist() == [0, 0, 0, 1, 1, 1]
 
 
-def test_the_jax_route_names_the_file_from_its_prefetch_threads(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2], ids=["threads", "grain_workers"])
+def test_the_jax_route_names_the_file_from_its_threads_or_worker_processes(tmp_path,
+                                                                           workers):
+    if workers:
+        pytest.importorskip("grain")
     data, path = _imagenet_with(tmp_path, "train", "9.jpg", _truncated_jpeg())
     train = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"),
-                                raw_pixels=True)
+                                raw_pixels=True, workers=workers)
     try:
         with pytest.raises(DataError) as error:
             for step in range(6):  # the bad file is in one of the first three batches
@@ -214,7 +218,7 @@ def test_the_jax_route_names_the_file_from_its_prefetch_threads(tmp_path):
         train.close()
     data, path = _imagenet_with(tmp_path / "val", "val", "9.jpg", _truncated_jpeg())
     test = arrays.EvalBatches(data, batch_size=2, normalization=Normalization("scale"),
-                              eval_resize=8, eval_crop=8)
+                              eval_resize=8, eval_crop=8, workers=workers)
     try:
         with pytest.raises(DataError, match=f"{path} is not a readable image"):
             for number in range(test.num_batches):

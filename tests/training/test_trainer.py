@@ -507,3 +507,21 @@ def test_checkpoint_format_is_checked_against_the_backend():
     assert TrainConfig(checkpoint_format="h5").validate().resolved_checkpoint_format == "h5"
     with pytest.raises(ConfigError, match="checkpoint_format"):
         TrainConfig(checkpoint_format="zip").validate()
+
+
+@pytest.mark.parametrize("name, backend, words", [
+    ("input_workers", "jax", "it sets the JAX route's worker processes (--backend=jax)"),
+    ("intra_op_threads", "tensorflow", "it sets TensorFlow's CPU thread pools"),
+])
+def test_a_backends_own_setting_is_checked_against_the_backend(name, backend, words):
+    with pytest.raises(ConfigError, match=rf"^{name}=-1 is not valid; expected an integer "
+                                          rf">= 0\.$"):
+        TrainConfig(**{name: -1}).validate()
+    if keras.backend.backend() == backend:
+        assert getattr(TrainConfig(**{name: 0}).validate(), name) == 0
+        assert getattr(TrainConfig(**{name: 3}).validate(), name) == 3
+    else:
+        with pytest.raises(ConfigError) as error:
+            TrainConfig(**{name: 2}).validate()
+        assert str(error.value).startswith(
+            f"{name} is not valid on the {keras.backend.backend()} backend; {words}")

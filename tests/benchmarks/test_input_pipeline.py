@@ -1,0 +1,60 @@
+"""benchmarks.input_pipeline: both routes' images/s on a JPEG folder it
+makes from CIFAR-10 (tf.data where TensorFlow is installed), and bad flags."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_identity import _tensorflow
+from tests.conftest import REPO
+
+pytest.importorskip("grain")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "benchmarks.input_pipeline", *args],
+                          cwd=REPO, text=True, capture_output=True, timeout=600,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def _rows(stdout):
+    header, _, *rows = [l for l in stdout.splitlines() if l.startswith("|")]
+    titles = [c.strip() for c in header.strip("|").split("|")]
+    return [dict(zip(titles, (c.strip() for c in row.strip("|").split("|")))) for row in rows]
+
+
+def test_a_small_jpeg_folder_is_made_once_and_read_by_every_pipeline(tmp_path, shared_dir):
+    folder = tmp_path / "jpegs"
+    args = (f"--data_dir={os.path.join(shared_dir, 'data')}", f"--folder={folder}", "--images=8",
+            "--image_size=64x48", "--batch_size=4", "--batches=2", "--warmup=1",
+            "--repeats=1", "--workers=1,2")
+    result = _cli(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "8 JPEGs of 64x48" in result.stdout and "Machine:" in result.stdout
+    jpegs = sorted(p for p in folder.rglob("*.jpg"))
+    assert len(jpegs) == 8 + 20 and (folder / "made-8-64x48").exists()
+    rows = _rows(result.stdout)
+    expected = ([("tf.data (TensorFlow route)", "1 threads")] * _tensorflow.available()
+                + [("Grain processes (JAX route)", "1 processes")]
+                + [("tf.data (TensorFlow route)", "2 threads")] * _tensorflow.available()
+                + [("Grain processes (JAX route)", "2 processes"),
+                   ("threads of one process (JAX route)", "2 threads")])
+    assert [(r["pipeline"], r["workers"]) for r in rows] == expected
+    assert all(float(r["images/s (median)"].replace(",", "")) > 0 for r in rows)
+    before = jpegs[0].stat().st_mtime_ns
+    assert _cli(*args[:-1], "--workers=1", "--pipelines=threads").returncode == 0
+    assert jpegs[0].stat().st_mtime_ns == before  # the folder is reused
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--workers=0", "--workers='0' is not valid; expected positive numbers or all."),
+    ("--pipelines=dali", "--pipelines=dali is not valid; expected some of: tf.data, grain, "
+                         "threads."),
+    ("--image_size=big", "--image_size='big' is not valid; expected WIDTHxHEIGHT"),
+])
+def test_bad_flags_are_one_line(flag, words, tmp_path):
+    result = _cli(flag, f"--folder={tmp_path}")
+    assert result.returncode != 0 and words in result.stderr
+    assert "Traceback" not in result.stderr

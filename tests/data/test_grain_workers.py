@@ -1,0 +1,147 @@
+"""The JAX route's image files decoded in Grain's worker processes: the
+threads' stream exactly (resumed, per process, evaluation padded), any batch
+asked for again, bad ``workers`` refused, and a script that cannot start
+workers told why in one line.  A file refused inside a worker:
+tests/data/test_hostile_files.py."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from keras_identity.data import arrays
+from keras_identity.data import grain_workers
+from keras_identity.data.datasets import ImageDataset
+from keras_identity.data.normalization import Normalization
+
+pytest.importorskip("grain")
+
+
+def _files(root, n=10):
+    """``n`` PNGs of noise of several sizes, two classes, as an ImageNet-style dataset."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(n):
+        path = os.path.join(root, f"{i}.png")
+        Image.fromarray(rng.integers(0, 256, (40 + 3 * i, 50, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    labels = np.arange(n, dtype=np.int32) % 2
+    return ImageDataset(name="imagenet", num_classes=2, class_names=["a", "b"],
+                        image_shape=(224, 224, 3), source=str(root),
+                        files_train=(paths, labels), files_test=(paths, labels))
+
+
+def _batches(stream, indices):
+    return [tuple(np.asarray(part) for part in stream[i]) for i in indices]
+
+
+def test_worker_processes_give_the_threads_stream(tmp_path):
+    data = _files(tmp_path)
+    norm = Normalization.imagenet()
+    kwargs = dict(batch_size=4, normalization=norm, augmentation="imagenet", seed=3,
+                  start_step=2, process_index=1, process_count=2, raw_pixels=True)
+    threads = arrays.TrainBatches(data, workers=0, **kwargs)
+    workers = arrays.TrainBatches(data, workers=2, **kwargs)
+    try:
+        assert workers.workers == 2 and threads.workers == 0
+        # Batches 2..5 of the stream (past the first pass of 10 images),
+        # then batch 3 again: the workers start over there.
+        expected = _batches(threads, [0, 1, 2, 3, 1])
+        got = _batches(workers, [0, 1, 2, 3, 1])
+        for (x0, y0), (x1, y1) in zip(expected, got):
+            assert x1.shape == (2, 224, 224, 3) and x1.dtype == np.float32
+            np.testing.assert_array_equal(x1, x0)
+            np.testing.assert_array_equal(y1, y0)
+    finally:
+        threads.close()
+        workers.close()
+    # Evaluation: padded batches of process 1 of 2, with their weights.
+    kwargs = dict(batch_size=4, normalization=norm, pad_to_batch=True, process_index=1,
+                  process_count=2, raw_pixels=True)
+    threads = arrays.EvalBatches(data, workers=0, **kwargs)
+    workers = arrays.EvalBatches(data, workers=2, **kwargs)
+    try:
+        assert workers.num_batches == 3
+        for ours, theirs in zip(_batches(workers, range(3)), _batches(threads, range(3))):
+            for a, b in zip(ours, theirs):
+                np.testing.assert_array_equal(a, b)
+        assert _batches(workers, [2])[0][2].tolist() == [0.0, 0.0]  # rows 10, 11: padding
+    finally:
+        threads.close()
+        workers.close()
+
+
+def test_workers_default_to_the_cores_for_files_and_threads_for_arrays(tmp_path,
+                                                                      monkeypatch):
+    data = _files(tmp_path, n=4)
+    for cores, expected in ((8, 8), (3, 3), (2, 0), (1, 0)):  # 2 threads use 2 cores
+        monkeypatch.setattr(grain_workers, "cores", lambda: cores)
+        stream = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"))
+        assert stream.workers == expected
+        stream.close()
+    memory = ImageDataset(name="cifar10", num_classes=2, class_names=["a", "b"],
+                          image_shape=(8, 8, 3), source="arrays",
+                          x_train=np.zeros((4, 8, 8, 3), np.uint8),
+                          y_train=np.zeros(4, np.int32), x_test=np.zeros((2, 8, 8, 3), np.uint8),
+                          y_test=np.zeros(2, np.int32))
+    stream = arrays.TrainBatches(memory, batch_size=2, normalization=Normalization("scale"))
+    assert stream.workers == 0
+    stream.close()
+
+
+@pytest.mark.parametrize("workers, words", [
+    (-1, "workers=-1 is not valid; expected an integer >= 0."),
+    (True, "workers=True is not valid; expected an integer >= 0."),
+    (1.5, "workers=1.5 is not valid; expected an integer >= 0."),
+])
+def test_bad_workers_are_refused(tmp_path, workers, words):
+    with pytest.raises(ValueError) as error:
+        arrays.TrainBatches(_files(tmp_path, n=2), batch_size=2,
+                            normalization=Normalization("scale"), workers=workers)
+    assert str(error.value) == words
+
+
+def test_workers_for_arrays_in_memory_are_refused():
+    memory = ImageDataset(name="cifar10", num_classes=2, class_names=["a", "b"],
+                          image_shape=(8, 8, 3), source="arrays",
+                          x_train=np.zeros((4, 8, 8, 3), np.uint8),
+                          y_train=np.zeros(4, np.int32), x_test=np.zeros((2, 8, 8, 3), np.uint8),
+                          y_test=np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match=r"^workers=2 is not valid for arrays, which is held "
+                                         r"in memory"):
+        arrays.EvalBatches(memory, batch_size=2, normalization=Normalization("scale"),
+                           workers=2)
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_workers_stopped(tmp_path):
+    """Worker processes are spawned, so they import the script again; one
+    that trains at its top level stops them: one line says what to do."""
+    data = tmp_path / "data"
+    data.mkdir()
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np
+        from keras_identity.data import arrays, ImageDataset, Normalization
+        paths = [{str(data / '0.png')!r}] * 2
+        Image = __import__("PIL.Image").Image
+        Image.fromarray(np.zeros((9, 9, 3), np.uint8)).save(paths[0])
+        data = ImageDataset(name="imagenet", num_classes=1, class_names=["a"],
+                            image_shape=(224, 224, 3), source="d",
+                            files_train=(paths, np.zeros(2, np.int32)),
+                            files_test=(paths, np.zeros(2, np.int32)))
+        stream = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"),
+                                     workers=1)
+        stream[0]
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: an input worker process stopped (exit code 1; its "
+                           "error, if any, is printed above): a script that reads image "
+                           "files in worker processes must train under `if __name__ == "), last
+    assert last.endswith("(workers=0, --input_workers=0).")
