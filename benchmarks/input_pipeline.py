@@ -68,8 +68,10 @@ def _size():
 
 def make_folder(folder, data_dir, count, size):
     """An image folder ``train/<class>/<i>.jpg`` (and a small ``val``) of
-    ``count`` CIFAR-10 training images upscaled to ``size`` (JPEG quality
-    90), made once: an existing folder of the same size and count is kept."""
+    ``count`` CIFAR-10 training images drawn at random (every class)
+    upscaled to ``size`` (JPEG quality 90), made once: an existing folder of
+    the same size and count is kept."""
+    import numpy as np
     from PIL import Image
 
     from keras_identity.data import load_dataset
@@ -78,8 +80,12 @@ def make_folder(folder, data_dir, count, size):
     if os.path.exists(stamp):
         return folder
     cifar = load_dataset("cifar10", data_dir)
-    for split, first, n in (("train", 0, count), ("val", count, 20)):
-        for i in range(first, first + n):
+    order = np.random.default_rng(0).permutation(cifar.num_train)
+    train = order[:count]
+    # Validation images of the training classes only (each needs training images).
+    val = [i for i in order[count:] if cifar.y_train[i] in set(cifar.y_train[train])][:20]
+    for split, chosen in (("train", train), ("val", val)):
+        for i in chosen:
             label = int(cifar.y_train[i])
             path = os.path.join(folder, split, cifar.class_names[label], f"{i}.jpg")
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -110,7 +116,7 @@ def _jax_stream(data, normalization, augmentation, workers):
 
     stream = arrays.TrainBatches(data, batch_size=FLAGS.batch_size,
                                  normalization=normalization, augmentation=augmentation,
-                                 raw_pixels=True, workers=workers)
+                                 raw_pixels=True, worker_processes=workers)
     index = iter(range(10 ** 9))
     return (lambda: stream[next(index)]), stream.close
 

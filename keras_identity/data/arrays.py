@@ -25,9 +25,9 @@ with array indexing (no Python loop per image), by a pool of threads that
 prepares the next batches while the accelerator trains on the current one.
 Image files (ImageNet folders, tensorflow_datasets' random-access sources)
 are decoded and augmented one image at a time, in Grain's worker processes
-(``workers``, by default one per core on a machine of more than ``THREADS``
+(``worker_processes``, by default one per core on a machine of more than ``THREADS``
 cores; :mod:`keras_identity.data.grain_workers`), or in the threads (on
-fewer cores, where Grain is not installed, or with ``workers=0``): on 2
+fewer cores, where Grain is not installed, or with ``worker_processes=0``): on 2
 cores the threads read a JPEG folder faster, having no batches to pass
 between processes (docs/tpu.md), and only processes scale past them.
 
@@ -141,14 +141,14 @@ def _resolve_workers(workers, examples, source):
                 or grain_workers.cores() <= THREADS):
             return 0
         return grain_workers.cores()
-    _checks.check_positive_int("workers", workers, minimum=0)
+    _checks.check_positive_int("worker_processes", workers, minimum=0)
     if workers and examples.images is not None:
-        raise ValueError(f"workers={workers} is not valid for {source}, which is held in "
-                         f"memory and augmented a batch at a time in this process; worker "
-                         f"processes decode image files (expected 0 or None).")
+        raise ValueError(f"worker_processes={workers} is not valid for {source}, which is "
+                         f"held in memory and augmented a batch at a time in this process; "
+                         f"worker processes decode image files (expected 0 or None).")
     if workers and not grain_workers.available():
-        raise ValueError(f"workers={workers} needs Grain, which is not installed: pip install "
-                         f"grain (or keras-identity[jax]); 0 reads with threads.")
+        raise ValueError(f"worker_processes={workers} needs Grain, which is not installed: "
+                         f"pip install grain (or keras-identity[jax]); 0 reads with threads.")
     return workers
 
 
@@ -242,16 +242,17 @@ class TrainBatches(keras.utils.PyDataset):
     order), with ``process_index`` and ``process_count`` (this process, and
     how many read the stream together: ``jax.process_index()``,
     ``jax.process_count()``) in place of a ``tf.distribute`` input context;
-    batches are always whole.  ``workers``: the processes decoding image
-    files (None: one per core where Grain is installed and the machine has
-    more than ``THREADS`` cores; 0: threads of this
-    process; in-memory datasets always use threads); the stream is the same
-    for every value.
+    batches are always whole.  ``worker_processes``: the processes decoding
+    image files (None: one per core where Grain is installed and the machine
+    has more than ``THREADS`` cores; 0: threads of this process; in-memory
+    datasets always use threads); the stream is the same for every value.
+    (Keras's own ``workers``, threads calling ``__getitem__``, stay 1: the
+    batches are prepared ahead here.)
     """
 
     def __init__(self, data, *, batch_size, normalization, augmentation="none", seed=0,
                  start_step=0, process_index=0, process_count=1, raw_pixels=False,
-                 workers=None):
+                 worker_processes=None):
         super().__init__()
         if augmentation not in AUGMENTATIONS:
             raise ValueError(f"augmentation={augmentation!r} is not valid; expected one of: "
@@ -268,10 +269,11 @@ class TrainBatches(keras.utils.PyDataset):
         self.seed = int(seed)
         self.start_step = int(start_step)
         self.raw_pixels = raw_pixels
-        self.workers = _resolve_workers(workers, self.examples, data.source)
+        self.worker_processes = _resolve_workers(worker_processes, self.examples,
+                                                 data.source)
         self._permutations = {}
         self._permutation_lock = threading.Lock()
-        self._prefetcher = _prefetcher(self.global_batch, self.workers)
+        self._prefetcher = _prefetcher(self.global_batch, self.worker_processes)
 
     def __getstate__(self):  # sent to Grain's workers: the data and the draws, no threads
         state = dict(self.__dict__, _permutations={}, _prefetcher=None)
@@ -349,12 +351,12 @@ class EvalBatches(keras.utils.PyDataset):
         process_index, process_count: as in :class:`TrainBatches` (several
             processes need ``pad_to_batch``).
         raw_pixels: pixel values in [0, 255] instead of normalised images.
-        workers: as in :class:`TrainBatches`.
+        worker_processes: as in :class:`TrainBatches`.
     """
 
     def __init__(self, data, *, batch_size, normalization, split="test", pad_to_batch=False,
                  eval_resize=256, eval_crop=224, process_index=0, process_count=1,
-                 raw_pixels=False, workers=None):
+                 raw_pixels=False, worker_processes=None):
         super().__init__()
         if process_count > 1 and not pad_to_batch:
             raise ValueError("several processes read equal, full batches: pass "
@@ -367,8 +369,10 @@ class EvalBatches(keras.utils.PyDataset):
         self.eval_resize, self.eval_crop = eval_resize, eval_crop
         self.raw_pixels = raw_pixels
         self.files = self.examples.images is None
-        self.workers = _resolve_workers(workers, self.examples, data.source)
-        self._prefetcher = _prefetcher(self.global_batch, self.workers, limit=self.num_batches)
+        self.worker_processes = _resolve_workers(worker_processes, self.examples,
+                                                 data.source)
+        self._prefetcher = _prefetcher(self.global_batch, self.worker_processes,
+                                       limit=self.num_batches)
 
     def __getstate__(self):  # sent to Grain's workers
         return dict(self.__dict__, _prefetcher=None)

@@ -28,6 +28,8 @@ import functools
 import os
 import re
 
+import numpy as np
+
 # Batches each worker prepares ahead (Grain's per-worker buffer in shared memory).
 BUFFER = 2
 # How Grain reports a worker process that exited (failed to start, killed).
@@ -110,15 +112,18 @@ class Prefetcher:
             if code == "1":  # what a spawned process that could not start returns
                 advice = ("a script that reads image files in worker processes must train "
                           "under `if __name__ == \"__main__\":` (they are started by "
-                          "spawning), or read them with threads of this process (workers=0, "
-                          "--input_workers=0)")
+                          "spawning), or read them with threads of this process "
+                          "(worker_processes=0, --input_workers=0)")
             else:  # killed: most often for memory
-                advice = ("fewer workers (workers=N, --input_workers=N) hold fewer batches in "
-                          "memory; 0 reads with threads of this process")
+                advice = ("fewer workers (worker_processes=N, --input_workers=N) hold fewer "
+                          "batches in memory; 0 reads with threads of this process")
             raise RuntimeError(f"an input worker process stopped (exit code {code}; its error, "
                                f"if any, is printed above): {advice}.") from None
         self._next += 1
-        return value
+        # Out of Grain's shared memory, which is then freed at once (a copy of
+        # a few milliseconds): a batch held to the end of the program would
+        # otherwise be reported as leaked shared memory when it exits.
+        return tuple(np.array(part) for part in value)
 
     def close(self):
         """Stops the workers."""

@@ -600,7 +600,7 @@ def setup_precision_and_seed(config):
 
 def input_streams(strategy, data, *, batch_size, normalization, augmentation, seed,
                   start_step=0, split="test", eval_crop=224, training=True, evaluation=True,
-                  workers=None):
+                  worker_processes=None):
     """The training stream and the evaluation batches of a run (models that
     take pixel values), for the Keras backend:
 
@@ -608,7 +608,7 @@ def input_streams(strategy, data, *, batch_size, normalization, augmentation, se
       distributed by the ``tf.distribute`` strategy;
     * JAX: NumPy batches in ``keras.utils.PyDataset`` objects
       (:mod:`keras_identity.data.arrays`), each process reading its rows of
-      every global batch, image files decoded in ``workers`` processes
+      every global batch, image files decoded in ``worker_processes``
       (``--input_workers``; None: see :class:`~keras_identity.data.TrainBatches`).
 
     Returns ``(train, evaluation)``; ``training`` or ``evaluation`` False
@@ -619,7 +619,8 @@ def input_streams(strategy, data, *, batch_size, normalization, augmentation, se
     train = evaluate = None
     if isinstance(strategy, strategies.KerasDistribution):
         processes = dict(process_index=strategy.process_index,
-                         process_count=strategy.process_count, workers=workers)
+                         process_count=strategy.process_count,
+                         worker_processes=worker_processes)
         if training:
             train = arrays.TrainBatches(
                 data, batch_size=batch_size, normalization=normalization,
@@ -956,7 +957,7 @@ def _train(run, print_fn, started):
 
     streams = dict(batch_size=schedule.batch_size, normalization=normalization,
                    augmentation=augmentation, seed=config.seed, eval_crop=config.eval_crop,
-                   workers=config.input_workers)
+                   worker_processes=config.input_workers)
     _, eval_ds = input_streams(strategy, data, training=False, **streams)
 
     def make_train(step):

@@ -852,7 +852,7 @@ def _run_search(search, print_fn, cleanup):
     train_ds, val_ds = trainer.input_streams(
         strategy, data, batch_size=schedule.batch_size, normalization=normalization,
         augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
-        split="val", workers=config.input_workers)
+        split="val", worker_processes=config.input_workers)
     folder = cleanup.enter_context(TunerFolder(config.model_dir))
     try:  # Keras Tuner builds a first model here: the builder's refusals are one line
         tuner = _make_tuner(search, hypermodel, strategy, folder.directory)
@@ -879,7 +879,7 @@ def _run_search(search, print_fn, cleanup):
         return trainer.input_streams(
             strategy, data, batch_size=schedule.batch_size, normalization=normalization,
             augmentation=augmentation, seed=config.seed, start_step=step, split="val",
-            evaluation=False, workers=config.input_workers)[0]
+            evaluation=False, worker_processes=config.input_workers)[0]
 
     signals = preemption.StopSignals(config.stop_signal)
     hypermodel.progress = TrialProgress(strategy, make_train, schedule.steps_per_epoch,

@@ -35,6 +35,7 @@ def test_a_small_jpeg_folder_is_made_once_and_read_by_every_pipeline(tmp_path, s
     assert "8 JPEGs of 64x48" in result.stdout and "Machine:" in result.stdout
     jpegs = sorted(p for p in folder.rglob("*.jpg"))
     assert len(jpegs) == 8 + 20 and (folder / "made-8-64x48").exists()
+    assert len({p.parent.name for p in jpegs}) > 2  # classes drawn at random, not one
     rows = _rows(result.stdout)
     expected = ([("tf.data (TensorFlow route)", "1 threads")] * _tensorflow.available()
                 + [("Grain processes (JAX route)", "1 processes")]

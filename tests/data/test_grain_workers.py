@@ -44,10 +44,11 @@ def test_worker_processes_give_the_threads_stream(tmp_path):
     norm = Normalization.imagenet()
     kwargs = dict(batch_size=4, normalization=norm, augmentation="imagenet", seed=3,
                   start_step=2, process_index=1, process_count=2, raw_pixels=True)
-    threads = arrays.TrainBatches(data, workers=0, **kwargs)
-    workers = arrays.TrainBatches(data, workers=2, **kwargs)
+    threads = arrays.TrainBatches(data, worker_processes=0, **kwargs)
+    workers = arrays.TrainBatches(data, worker_processes=2, **kwargs)
     try:
-        assert workers.workers == 2 and threads.workers == 0
+        assert workers.worker_processes == 2 and threads.worker_processes == 0
+        assert workers.workers == threads.workers == 1  # Keras's own: one caller
         # Batches 2..5 of the stream (past the first pass of 10 images),
         # then batch 3 again: the workers start over there.
         expected = _batches(threads, [0, 1, 2, 3, 1])
@@ -62,8 +63,8 @@ def test_worker_processes_give_the_threads_stream(tmp_path):
     # Evaluation: padded batches of process 1 of 2, with their weights.
     kwargs = dict(batch_size=4, normalization=norm, pad_to_batch=True, process_index=1,
                   process_count=2, raw_pixels=True)
-    threads = arrays.EvalBatches(data, workers=0, **kwargs)
-    workers = arrays.EvalBatches(data, workers=2, **kwargs)
+    threads = arrays.EvalBatches(data, worker_processes=0, **kwargs)
+    workers = arrays.EvalBatches(data, worker_processes=2, **kwargs)
     try:
         assert workers.num_batches == 3
         for ours, theirs in zip(_batches(workers, range(3)), _batches(threads, range(3))):
@@ -81,7 +82,7 @@ def test_workers_default_to_the_cores_for_files_and_threads_for_arrays(tmp_path,
     for cores, expected in ((8, 8), (3, 3), (2, 0), (1, 0)):  # 2 threads use 2 cores
         monkeypatch.setattr(grain_workers, "cores", lambda: cores)
         stream = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"))
-        assert stream.workers == expected
+        assert stream.worker_processes == expected
         stream.close()
     memory = ImageDataset(name="cifar10", num_classes=2, class_names=["a", "b"],
                           image_shape=(8, 8, 3), source="arrays",
@@ -89,19 +90,20 @@ def test_workers_default_to_the_cores_for_files_and_threads_for_arrays(tmp_path,
                           y_train=np.zeros(4, np.int32), x_test=np.zeros((2, 8, 8, 3), np.uint8),
                           y_test=np.zeros(2, np.int32))
     stream = arrays.TrainBatches(memory, batch_size=2, normalization=Normalization("scale"))
-    assert stream.workers == 0
+    assert stream.worker_processes == 0
     stream.close()
 
 
 @pytest.mark.parametrize("workers, words", [
-    (-1, "workers=-1 is not valid; expected an integer >= 0."),
-    (True, "workers=True is not valid; expected an integer >= 0."),
-    (1.5, "workers=1.5 is not valid; expected an integer >= 0."),
+    (-1, "worker_processes=-1 is not valid; expected an integer >= 0."),
+    (True, "worker_processes=True is not valid; expected an integer >= 0."),
+    (1.5, "worker_processes=1.5 is not valid; expected an integer >= 0."),
 ])
 def test_bad_workers_are_refused(tmp_path, workers, words):
     with pytest.raises(ValueError) as error:
         arrays.TrainBatches(_files(tmp_path, n=2), batch_size=2,
-                            normalization=Normalization("scale"), workers=workers)
+                            normalization=Normalization("scale"),
+                            worker_processes=workers)
     assert str(error.value) == words
 
 
@@ -111,10 +113,10 @@ def test_workers_for_arrays_in_memory_are_refused():
                           x_train=np.zeros((4, 8, 8, 3), np.uint8),
                           y_train=np.zeros(4, np.int32), x_test=np.zeros((2, 8, 8, 3), np.uint8),
                           y_test=np.zeros(2, np.int32))
-    with pytest.raises(ValueError, match=r"^workers=2 is not valid for arrays, which is held "
-                                         r"in memory"):
+    with pytest.raises(ValueError, match=r"^worker_processes=2 is not valid for arrays, which "
+                                         r"is held in memory"):
         arrays.EvalBatches(memory, batch_size=2, normalization=Normalization("scale"),
-                           workers=2)
+                           worker_processes=2)
 
 
 def test_a_script_without_a_main_guard_is_told_why_its_workers_stopped(tmp_path):
@@ -134,7 +136,7 @@ def test_a_script_without_a_main_guard_is_told_why_its_workers_stopped(tmp_path)
                             files_train=(paths, np.zeros(2, np.int32)),
                             files_test=(paths, np.zeros(2, np.int32)))
         stream = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"),
-                                     workers=1)
+                                     worker_processes=1)
         stream[0]
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -144,4 +146,4 @@ def test_a_script_without_a_main_guard_is_told_why_its_workers_stopped(tmp_path)
     assert last.startswith("RuntimeError: an input worker process stopped (exit code 1; its "
                            "error, if any, is printed above): a script that reads image "
                            "files in worker processes must train under `if __name__ == "), last
-    assert last.endswith("(workers=0, --input_workers=0).")
+    assert last.endswith("(worker_processes=0, --input_workers=0).")

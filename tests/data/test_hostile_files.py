@@ -206,7 +206,7 @@ def test_the_jax_route_names_the_file_from_its_threads_or_worker_processes(tmp_p
         pytest.importorskip("grain")
     data, path = _imagenet_with(tmp_path, "train", "9.jpg", _truncated_jpeg())
     train = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"),
-                                raw_pixels=True, workers=workers)
+                                raw_pixels=True, worker_processes=workers)
     try:
         with pytest.raises(DataError) as error:
             for step in range(6):  # the bad file is in one of the first three batches
@@ -218,7 +218,7 @@ def test_the_jax_route_names_the_file_from_its_threads_or_worker_processes(tmp_p
         train.close()
     data, path = _imagenet_with(tmp_path / "val", "val", "9.jpg", _truncated_jpeg())
     test = arrays.EvalBatches(data, batch_size=2, normalization=Normalization("scale"),
-                              eval_resize=8, eval_crop=8, workers=workers)
+                              eval_resize=8, eval_crop=8, worker_processes=workers)
     try:
         with pytest.raises(DataError, match=f"{path} is not a readable image"):
             for number in range(test.num_batches):
