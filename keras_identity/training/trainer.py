@@ -424,7 +424,7 @@ def build_optimizer(model):
 
 def load_data(config):
     """The run's data; a split without images is refused (a run would report
-    a test error of NaN)."""
+    a test error of NaN), and so is ``--input_workers`` for data in memory."""
     # The JAX route reads tensorflow_datasets through its random-access data
     # source (no TensorFlow); the TensorFlow route through tf.data.
     data = datasets_lib.load_dataset(config.dataset, config.data_dir,
@@ -433,6 +433,11 @@ def load_data(config):
         if not count:
             raise ValueError(f"data_dir={config.data_dir or data.source!r}: the {split} set of "
                              f"{config.dataset} has no images; expected at least one.")
+    if config.input_workers and data.in_memory:
+        raise ValueError(f"input_workers={config.input_workers} is not valid for {data.source}, "
+                         f"which is held in memory and augmented a batch at a time in the "
+                         f"training process; worker processes decode image files (expected 0 "
+                         f"or unset).")
     if config.train_examples or config.test_examples:
         data = data.subset(config.train_examples, config.test_examples, seed=config.seed)
     return data

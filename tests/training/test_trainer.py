@@ -14,6 +14,7 @@ from keras_identity.training import TrainConfig
 from keras_identity.training import TrainingDiverged
 from keras_identity.training import train
 from keras_identity.training import trainer
+from tests.backend import jax_only
 from tests.backend import tensorflow_only
 
 
@@ -525,3 +526,12 @@ def test_a_backends_own_setting_is_checked_against_the_backend(name, backend, wo
             TrainConfig(**{name: 2}).validate()
         assert str(error.value).startswith(
             f"{name} is not valid on the {keras.backend.backend()} backend; {words}")
+
+
+@jax_only
+def test_input_workers_are_refused_for_data_in_memory():
+    with pytest.raises(ValueError, match=r"^input_workers=2 is not valid for built-in MNIST "
+                                         r"\(keras_identity/data/mnist.npz\), which is held "
+                                         r"in memory"):
+        trainer.load_data(TrainConfig(input_workers=2).validate())
+    assert trainer.load_data(TrainConfig(input_workers=0).validate()).num_train == 60_000
