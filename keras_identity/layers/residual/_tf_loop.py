@@ -57,8 +57,41 @@ def conv(x, kernel):
     return tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
 
 
-def _conv(x, kernel, bias):
-    y = conv(x, kernel)
+def conv_parts():
+    """The parts a training-mode convolution of the loop is split into along
+    the batch: as many as TensorFlow runs operations at once where each runs
+    on one thread on a CPU (what ``keras_identity.training.cpu_threads``
+    chooses for small batches), else 1.
+
+    The forward pass is a chain of one operation at a time, so with one
+    thread per operation it would keep one core busy; a convolution treats
+    each example on its own, so its parts run at once on the other cores and
+    their outputs, concatenated, are the whole convolution's (to rounding).
+    BN, which couples the examples, stays whole.  Measured at ResNet-1001,
+    batch 16, 2 cores: 7-10% more images/s; splitting the backward pass's
+    convolutions too was slower (it already runs the kernel and input
+    gradients at once) (docs/performance.md, "Threads per operation").
+    """
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    if intra != 1 or inter < 2 or tf.config.list_physical_devices("GPU"):
+        return 1
+    return inter
+
+
+def _split_conv(x, kernel, parts):
+    n = tf.shape(x)[0]
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pieces = tf.split(x, tf.stack([b - a for a, b in zip(bounds, bounds[1:])]), axis=0)
+    return tf.concat([conv(piece, kernel) for piece in pieces], axis=0)
+
+
+def _conv(x, kernel, bias, parts=1):
+    if parts > 1:  # whole below `parts` examples: oneDNN mis-shapes an empty batch's output
+        y = tf.cond(tf.shape(x)[0] >= parts, lambda: _split_conv(x, kernel, parts),
+                    lambda: conv(x, kernel))
+    else:
+        y = conv(x, kernel)
     return y if bias is None else tf.nn.bias_add(y, bias)
 
 
@@ -129,7 +162,8 @@ def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gat
     return slots, kinds
 
 
-def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, addition=None):
+def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, addition=None,
+            parts=1):
     """One unit.
 
     ``bns[i]`` is ``(gamma, beta)`` in training and ``(gamma, beta,
@@ -138,14 +172,15 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     moments of the shortcut's BN, if any (``None`` adds ``x + f``).  Returns
     the output, the BN moments ``(mean, biased variance)`` in program order
     then the addition's (training only) and ``{slot: tensor}``, the tensors
-    the backward pass reads.
+    the backward pass reads.  ``parts``: the convolutions' split along the
+    batch (:func:`conv_parts`).
     """
     saved, moments, added_moments = {}, [], []
     t = x
     for step, slot in zip(program, slots):
         if step[0] == "conv":
             saved[slot[0]] = t
-            t = _conv(t, kernels[step[1]], biases[step[1]])
+            t = _conv(t, kernels[step[1]], biases[step[1]], parts)
         elif step[0] == "bn" and not training:
             t, _ = fused_batch_norm(t, *bns[step[1]], epsilon, False)
         elif step[0] == "bn":
@@ -313,9 +348,9 @@ class _Unit:
                                           unconnected_gradients="zero")
         return dx, df, dweights
 
-    def forward(self, program, slots, x, epsilon, training=True):
+    def forward(self, program, slots, x, epsilon, training=True, parts=1):
         return forward(program, slots, x, self.kernels, self.biases, self.bns, epsilon,
-                       training, self.add if self.spec else None)
+                       training, self.add if self.spec else None, parts)
 
     def backward(self, program, slots, saved, grad, epsilon):
         return backward(program, slots, saved, grad, self.kernels, self.biases, self.bns,
@@ -403,6 +438,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
                                 keep_gate=bool(addition and addition.keeps_gate))
     kept_slots = [i for i, kind in enumerate(kinds) if kind != "recomputed"]
     num_moments = len(bns) + (addition.num_moments if addition else 0)
+    parts = conv_parts()
 
     @tf.custom_gradient
     def run(x, *stacked):
@@ -418,7 +454,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
 
         def body(j, x, store, stats):
             unit = _Unit(weights, j, kernels, biases, bns, addition)
-            y, moments, saved = unit.forward(program, slots, x, epsilon)
+            y, moments, saved = unit.forward(program, slots, x, epsilon, parts=parts)
             kept = [x] if whole_units else [saved[i] for i in kept_slots]
             shapes.update(enumerate(t.shape for t in kept))
             store = tuple(tf.raw_ops.TensorListPushBack(input_handle=s, tensor=t)

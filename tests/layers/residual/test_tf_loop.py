@@ -123,8 +123,13 @@ def test_backward_equals_automatic_differentiation(unit, num_layers, recompute):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
 
 
-@pytest.mark.parametrize("recompute", ["none", "bn_relu", "unit"])
-def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute):
+@pytest.mark.parametrize("recompute, parts", [("none", 1), ("bn_relu", 1), ("unit", 1),
+                                               ("none", 3), ("bn_relu", 2)])
+def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, parts,
+                                                                      monkeypatch):
+    # parts > 1: the forward convolutions split along the batch, as with one
+    # thread per operation (batch 2 in 3 parts: fewer examples than parts, whole).
+    monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
     rng = np.random.default_rng(0)
     num_units, num_layers = 3, 2
     program = unit_program("full_preactivation", num_layers)
@@ -207,3 +212,16 @@ def test_training_graph_keeps_only_the_saved_layout(recompute):
     # bn_relu: the three BN-ReLU outputs are computed again in the backward loop.
     assert ops.count("FusedBatchNormV3") == 3 * (1 + (recompute != "none"))
     assert len(ops) == len(op_types(40))
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_convolution_split_along_the_batch_is_the_whole_convolution(parts):
+    rng = np.random.default_rng(1)
+    kernel = tf.constant(rng.normal(size=(3, 3, 4, 6)), tf.float32)
+    bias = tf.constant(rng.normal(size=(6,)), tf.float32)
+    split = tf.function(lambda x: unit_loop._conv(x, kernel, bias, parts),
+                        input_signature=[tf.TensorSpec([None, 5, 5, 4], tf.float32)])
+    for batch in (1, 2, 5, 16):  # fewer examples than parts: one whole convolution
+        x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
+        np.testing.assert_allclose(split(x), unit_loop._conv(x, kernel, bias), rtol=1e-5,
+                                   atol=1e-5)
