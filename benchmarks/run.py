@@ -202,8 +202,8 @@ def _tf_threads(value, batch):
 
     from keras_identity.training import cpu_threads
 
-    intra = {"auto": None, "tensorflow": 0}.get(value)
-    cpu_threads.configure(int(value) if intra is None and value != "auto" else intra, batch)
+    named = {"auto": None, "tensorflow": 0}
+    cpu_threads.configure(named[value] if value in named else int(value), batch)
     sizes = (tf.config.threading.get_intra_op_parallelism_threads(),
              tf.config.threading.get_inter_op_parallelism_threads())
     return "TF's own" if sizes == (0, 0) else f"{sizes[0]} x {sizes[1]} ops"

@@ -118,6 +118,13 @@ def cpu_flags():
     return frozenset()
 
 
+def cores():
+    """The CPU cores this process may run on (its affinity, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def tensorflow_default(flags=None):
     """Whether TensorFlow turns its oneDNN kernels on by itself on this CPU."""
     flags = cpu_flags() if flags is None else flags

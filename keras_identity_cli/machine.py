@@ -1,14 +1,10 @@
 """Names the machine a benchmark or an experiment ran on."""
 
-import os
 import platform
 
 from keras_identity_cli._preload import cpu_kernels
 
-
-def cores():
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+cores = cpu_kernels.cores
 
 
 def describe():

@@ -44,6 +44,7 @@ import keras
 import numpy as np
 
 from keras_identity import _checks
+from keras_identity import _cpu_kernels as cpu_kernels
 from keras_identity.data import datasets as datasets_lib
 from keras_identity.data import grain_workers
 from keras_identity.data.facts import AUGMENTATIONS
@@ -134,21 +135,23 @@ def _process_rows(batch_size, process_index, process_count):
     return process_index * local, local
 
 
-def _resolve_workers(workers, examples, source):
-    """The worker processes of a stream (0: threads of this process)."""
+def resolve_worker_processes(workers, data, name="worker_processes"):
+    """The processes decoding ``data``'s image files (0: threads of the
+    training process): ``workers``, checked (``name``: the argument or flag
+    that gave it), or by default one per core where Grain is installed and
+    there are more cores than :data:`THREADS`; 0 for data held in memory."""
     if workers is None:  # the threads use every core of a machine of THREADS cores
-        if (examples.images is not None or not grain_workers.available()
-                or grain_workers.cores() <= THREADS):
+        if data.in_memory or cpu_kernels.cores() <= THREADS or not grain_workers.available():
             return 0
-        return grain_workers.cores()
-    _checks.check_positive_int("worker_processes", workers, minimum=0)
-    if workers and examples.images is not None:
-        raise ValueError(f"worker_processes={workers} is not valid for {source}, which is "
-                         f"held in memory and augmented a batch at a time in this process; "
-                         f"worker processes decode image files (expected 0 or None).")
+        return cpu_kernels.cores()
+    _checks.check_positive_int(name, workers, minimum=0)
+    if workers and data.in_memory:
+        raise ValueError(f"{name}={workers} is not valid for {data.source}, which is held in "
+                         f"memory and augmented a batch at a time in the training process; "
+                         f"worker processes decode image files (expected 0, or none given).")
     if workers and not grain_workers.available():
-        raise ValueError(f"worker_processes={workers} needs Grain, which is not installed: "
-                         f"pip install grain (or keras-identity[jax]); 0 reads with threads.")
+        raise ValueError(f"{name}={workers} needs Grain, which is not installed: pip install "
+                         f"grain (or keras-identity[jax]); 0 reads with threads.")
     return workers
 
 
@@ -269,8 +272,7 @@ class TrainBatches(keras.utils.PyDataset):
         self.seed = int(seed)
         self.start_step = int(start_step)
         self.raw_pixels = raw_pixels
-        self.worker_processes = _resolve_workers(worker_processes, self.examples,
-                                                 data.source)
+        self.worker_processes = resolve_worker_processes(worker_processes, data)
         self._permutations = {}
         self._permutation_lock = threading.Lock()
         self._prefetcher = _prefetcher(self.global_batch, self.worker_processes)
@@ -369,8 +371,7 @@ class EvalBatches(keras.utils.PyDataset):
         self.eval_resize, self.eval_crop = eval_resize, eval_crop
         self.raw_pixels = raw_pixels
         self.files = self.examples.images is None
-        self.worker_processes = _resolve_workers(worker_processes, self.examples,
-                                                 data.source)
+        self.worker_processes = resolve_worker_processes(worker_processes, data)
         self._prefetcher = _prefetcher(self.global_batch, self.worker_processes,
                                        limit=self.num_batches)
 

@@ -24,8 +24,7 @@ Each worker process imports keras_identity (and so Keras and its backend)
 to unpickle the batch function, a second or two at the start of a stream.
 """
 
-import functools
-import os
+import importlib.util
 import re
 
 import numpy as np
@@ -36,22 +35,9 @@ BUFFER = 2
 _WORKER_DIED = "Worker process was terminated unexpectedly with"
 
 
-@functools.cache
 def available():
-    """Whether Grain is installed."""
-    try:
-        import grain  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def cores():
-    """The CPU cores this process may run on (its affinity, else all)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """Whether Grain is installed (without importing it)."""
+    return importlib.util.find_spec("grain") is not None
 
 
 def _flags_parsed():

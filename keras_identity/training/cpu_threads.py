@@ -36,7 +36,7 @@ TensorFlow before) the pools stay as they are, and the line says so.
 """
 
 from keras_identity import _checks
-from keras_identity.data import grain_workers
+from keras_identity import _cpu_kernels as cpu_kernels
 
 # A replica's images per core up to which two operations run at once (measured
 # at 8: batch 16 on 2 cores; 32, batch 64, is faster with TensorFlow's split).
@@ -48,7 +48,7 @@ OPS_AT_ONCE = 2
 def choose(intra_op_threads, batch_per_replica, cores=None, accelerator=False):
     """``(intra_op, inter_op, why)``: the pools' sizes for ``--intra_op_threads``
     (see the module docstring), or ``None`` for TensorFlow's own split."""
-    cores = grain_workers.cores() if cores is None else cores
+    cores = cpu_kernels.cores() if cores is None else cores
     if intra_op_threads is not None:
         _checks.check_positive_int("intra_op_threads", intra_op_threads, minimum=0)
         if intra_op_threads == 0:

@@ -433,11 +433,8 @@ def load_data(config):
         if not count:
             raise ValueError(f"data_dir={config.data_dir or data.source!r}: the {split} set of "
                              f"{config.dataset} has no images; expected at least one.")
-    if config.input_workers and data.in_memory:
-        raise ValueError(f"input_workers={config.input_workers} is not valid for {data.source}, "
-                         f"which is held in memory and augmented a batch at a time in the "
-                         f"training process; worker processes decode image files (expected 0 "
-                         f"or unset).")
+    if config.input_workers is not None:
+        arrays.resolve_worker_processes(config.input_workers, data, name="input_workers")
     if config.train_examples or config.test_examples:
         data = data.subset(config.train_examples, config.test_examples, seed=config.seed)
     return data

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from keras_identity import _cpu_kernels as cpu_kernels
 from keras_identity.data import arrays
-from keras_identity.data import grain_workers
 from keras_identity.data.datasets import ImageDataset
 from keras_identity.data.normalization import Normalization
 
@@ -80,7 +80,7 @@ def test_workers_default_to_the_cores_for_files_and_threads_for_arrays(tmp_path,
                                                                       monkeypatch):
     data = _files(tmp_path, n=4)
     for cores, expected in ((8, 8), (3, 3), (2, 0), (1, 0)):  # 2 threads use 2 cores
-        monkeypatch.setattr(grain_workers, "cores", lambda: cores)
+        monkeypatch.setattr(cpu_kernels, "cores", lambda: cores)
         stream = arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"))
         assert stream.worker_processes == expected
         stream.close()

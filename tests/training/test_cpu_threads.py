@@ -39,7 +39,7 @@ def test_configure_sets_the_pools_before_the_runtime_and_refuses_after():
     probe = (
         "import tensorflow as tf\n"
         "from keras_identity.training import cpu_threads\n"
-        "print('LINE', cpu_threads.configure(None, 8 * cpu_threads.grain_workers.cores()))\n"
+        "print('LINE', cpu_threads.configure(None, 8 * cpu_threads.cpu_kernels.cores()))\n"
         "print('POOLS', tf.config.threading.get_intra_op_parallelism_threads(),"
         " tf.config.threading.get_inter_op_parallelism_threads())\n"
         "from keras_identity.layers.residual import _tf_loop\n"
@@ -57,7 +57,7 @@ def test_configure_sets_the_pools_before_the_runtime_and_refuses_after():
                           env=dict(os.environ, KERAS_BACKEND="tensorflow"))
     assert done.returncode == 0, done.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
-    cores = cpu_threads.grain_workers.cores()
+    cores = cpu_threads.cpu_kernels.cores()
     if cores >= 2:
         assert lines["LINE"].startswith(f"TensorFlow CPU threads: {cores // 2} per operation, "
                                         f"2 operations at once (keras_identity's choice for a "
