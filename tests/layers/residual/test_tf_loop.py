@@ -2,6 +2,10 @@
 the gradient TensorFlow's automatic differentiation gives; the Fig. 4
 programs (orderings) it interprets."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -12,6 +16,7 @@ from keras_identity.layers.residual import check_recompute
 from keras_identity.layers.residual.orderings import unit_program
 from keras_identity.layers.residual import UNITS
 from tests.backend import tensorflow_only
+from tests.conftest import REPO
 
 pytestmark = [tensorflow_only, pytest.mark.core_leg]
 
@@ -123,13 +128,16 @@ def test_backward_equals_automatic_differentiation(unit, num_layers, recompute):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
 
 
-@pytest.mark.parametrize("recompute, parts", [("none", 1), ("bn_relu", 1), ("unit", 1),
-                                               ("none", 3), ("bn_relu", 2)])
-def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, parts,
+@pytest.mark.parametrize("recompute, parts, fused", [
+    ("none", 1, False), ("bn_relu", 1, False), ("unit", 1, False), ("none", 3, False),
+    ("bn_relu", 2, False), ("none", 1, True), ("none", 2, True), ("unit", 3, True)])
+def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, parts, fused,
                                                                       monkeypatch):
     # parts > 1: the forward convolutions split along the batch, as with one
     # thread per operation (batch 2 in 3 parts: fewer examples than parts, whole).
+    # fused: the last convolution adds the shortcut (oneDNN's fused sum).
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
+    monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
     rng = np.random.default_rng(0)
     num_units, num_layers = 3, 2
     program = unit_program("full_preactivation", num_layers)
@@ -225,3 +233,54 @@ def test_a_convolution_split_along_the_batch_is_the_whole_convolution(parts):
         x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
         np.testing.assert_allclose(split(x), unit_loop._conv(x, kernel, bias), rtol=1e-5,
                                    atol=1e-5)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_a_convolution_that_adds_the_shortcut_is_the_convolution_plus_the_shortcut(parts):
+    rng = np.random.default_rng(2)
+    kernel = tf.constant(rng.normal(size=(1, 1, 4, 6)), tf.float32)
+    bias = tf.constant(rng.normal(size=(6,)), tf.float32)
+    zero = tf.zeros([6])
+    for b in (None, bias):
+        fused = tf.function(lambda x, s: unit_loop._conv(x, kernel, b, parts, (s, zero)),
+                            input_signature=[tf.TensorSpec([None, 5, 5, 4], tf.float32),
+                                             tf.TensorSpec([None, 5, 5, 6], tf.float32)])
+        for batch in (1, 2, 5, 16):
+            x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
+            shortcut = tf.constant(rng.normal(size=(batch, 5, 5, 6)), tf.float32)
+            expected = unit_loop._conv(x, kernel, b) + shortcut
+            np.testing.assert_allclose(fused(x, shortcut), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_onednn_runs_the_shortcut_addition_inside_the_convolution():
+    # In a fresh process with oneDNN's kernels on (the default on AVX-512
+    # CPUs) and its log on: each identity unit's last convolution of a
+    # training step carries oneDNN's sum post-op (Grappler fused the zero
+    # bias and the addition into it), the others do not.
+    probe = (
+        "import numpy as np, keras, tensorflow as tf\n"
+        "import keras_identity as ki\n"
+        "from keras_identity.layers.residual import _tf_loop\n"
+        "print('FUSE', _tf_loop.fuse_addition(), flush=True)\n"
+        "model = ki.models.preact_resnet(29, block='bottleneck', stage_mode='scan')\n"
+        "model.compile(keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
+        "x, y = np.random.rand(4, 32, 32, 3).astype('float32'), np.arange(4)\n"
+        "model.train_on_batch(x, y)\n"
+        "print('STEP', flush=True)\n"
+        "model.train_on_batch(x, y)\n"
+        "print('END', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, text=True,
+                          capture_output=True, timeout=300,
+                          env=dict(os.environ, KERAS_BACKEND="tensorflow", ONEDNN_VERBOSE="1",
+                                   TF_ENABLE_ONEDNN_OPTS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    if "FUSE True" not in out:
+        pytest.skip("TensorFlow runs Eigen's kernels here (no oneDNN)")
+    step = out[out.index("STEP"):out.index("END")]
+    convs = [line for line in step.splitlines()
+             if ",convolution," in line and ",forward_training," in line]
+    fused = [line for line in convs if "attr-post-ops:sum" in line]
+    # ResNet-29: 3 units a stage, the first with a projection: 6 identity units.
+    assert len(fused) == 6, "\n".join(convs)
+    assert len(convs) > len(fused)
