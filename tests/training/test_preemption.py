@@ -146,24 +146,34 @@ def test_sigterm_at_any_moment_resumes_as_if_never_stopped(tmp_path, monkeypatch
             _signal_during_checkpoint_write(patch, when)
         else:
             _signal_during_evaluation(patch, when)
-        with pytest.raises(Stopped) as stopped:
-            train(_config(model_dir), quiet)
+        try:
+            finished = train(_config(model_dir), quiet)
+        except Stopped as error:
+            stopped, finished = error, None
     # The step in progress ends and is saved: a step's signal stops after it
     # (on TensorFlow; the JAX route decides beside the next steps, so a few
     # more, at most to the epoch's end, may run first); an epoch's last step,
     # its checkpoint or its evaluation stop at its end.  Within seconds.
     assert time.monotonic() - SENT[-1] < 5
+    last_epoch = when > TOTAL - STEPS_PER_EPOCH
+    if finished is not None:
+        # On JAX the batch-end callbacks run in a thread pool beside the
+        # next steps, so under load a signal of the last epoch can be seen
+        # only at the run's end: the run then simply ends, complete.
+        assert BACKEND == "jax" and where == "step" and last_epoch, "the run did not stop"
+        assert signal.getsignal(signal.SIGTERM) is handler
+        _same_run(finished, straight[0], model_dir, straight[1])
+        return
     expected = {"step": when, "checkpoint write": when,
                 "evaluation": when * STEPS_PER_EPOCH}[where]
     if where == "step" and when % STEPS_PER_EPOCH and BACKEND == "jax":
-        assert expected <= stopped.value.step <= -(-expected // STEPS_PER_EPOCH) * \
-            STEPS_PER_EPOCH
+        assert expected <= stopped.step <= -(-expected // STEPS_PER_EPOCH) * STEPS_PER_EPOCH
     else:
-        assert stopped.value.step == expected
-    assert f"at step {stopped.value.step}" in str(stopped.value)
+        assert stopped.step == expected
+    assert f"at step {stopped.step}" in str(stopped)
     assert signal.getsignal(signal.SIGTERM) is handler  # the handlers are put back
     state = _latest(str(model_dir / "checkpoints"))
-    assert state["step"] == stopped.value.step
+    assert state["step"] == stopped.step
     assert ("metrics" in state) == bool(state["step"] % STEPS_PER_EPOCH)
     result = train(_config(model_dir), quiet)
     _same_run(result, straight[0], model_dir, straight[1])
