@@ -87,11 +87,12 @@ def fuse_addition():
     convolution has no bias: on a CPU with TensorFlow's oneDNN kernels, which
     then run it as one convolution that accumulates into ``x`` (Grappler's
     Conv2D + BiasAdd + Add fusion), instead of a separate addition.  In
-    bfloat16 that addition is an Eigen kernel that measured 3-4x slower per
-    element than oneDNN's fused sum on an AVX-512 EPYC; ResNet-1001's forward
-    pass, one operation after another, has 333 of them a stage.  Elsewhere
-    (a GPU, Eigen's CPU kernels, which have no such fusion) the addition
-    stays as it is.
+    bfloat16 that addition is an Eigen kernel 12x slower than float32's on
+    an AVX-512 EPYC (445 against 36 µs for a 16x32x32x64 map; a 1x1
+    convolution and the addition took 320 µs, fused 141 µs), and
+    ResNet-1001's forward pass, one operation after another, has 333 of them
+    (docs/performance.md).  Elsewhere (a GPU, Eigen's CPU kernels, which have
+    no such fusion) the addition stays as it is.
 
     The zero bias must be a tensor Grappler cannot see is zero (a constant
     would be folded away with its BiasAdd, and the fusion with it): the loop
@@ -218,6 +219,7 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     added = False
     for k, (step, slot) in enumerate(zip(program, slots)):
         if added:  # the addition, done by the convolution before it
+            added = False
             continue
         if step[0] == "conv":
             saved[slot[0]] = t
