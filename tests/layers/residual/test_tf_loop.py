@@ -284,3 +284,25 @@ def test_onednn_runs_the_shortcut_addition_inside_the_convolution():
     # ResNet-29: 3 units a stage, the first with a projection: 6 identity units.
     assert len(fused) == 6, "\n".join(convs)
     assert len(convs) > len(fused)
+
+
+@pytest.mark.parametrize("unit", UNITS)
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_the_fused_addition_changes_no_ordering(unit, use_bias):
+    # Every Fig. 4 ordering with the addition done by the convolution before
+    # it, where one is (Fig. 4(b), (d), (e)): the same output, moments and
+    # saved tensors as the plain unit; the steps after the addition still run.
+    rng = np.random.default_rng(3)
+    program = unit_program(unit, 2)
+    slots, _ = unit_loop.saved_layout(program)
+    kernels, biases, bns = _unit_weights(program, 2, 4, use_bias, rng)
+    x = tf.constant(rng.normal(size=(3, 5, 5, 4)), tf.float32)
+    plain = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5)
+    fused = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5,
+                              fused_addition=tf.zeros([4]))
+    np.testing.assert_allclose(fused[0], plain[0], rtol=1e-5, atol=1e-5)
+    assert len(fused[1]) == len(plain[1]) == 2
+    for (m1, v1), (m2, v2) in zip(fused[1], plain[1]):
+        np.testing.assert_allclose(m1, m2, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
+    assert sorted(fused[2]) == sorted(plain[2])
