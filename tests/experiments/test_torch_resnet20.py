@@ -4,6 +4,7 @@ paper says, and resumes to the same weights as a straight run."""
 
 import io
 import json
+import os
 import tarfile
 
 import numpy as np
@@ -13,14 +14,13 @@ torch = pytest.importorskip("torch")
 
 from experiments import torch_resnet20  # noqa: E402
 
-SHARED_ARCHIVE = "../shared/data/cifar10-jpg.tar.gz"
 
 
-@pytest.fixture(scope="module")
-def small_archive(tmp_path_factory):
+@pytest.fixture
+def small_archive(tmp_path_factory, shared_dir):
     """4 training and 2 test JPEGs of each class, from the shared archive."""
     keep = {}
-    with tarfile.open(SHARED_ARCHIVE) as archive:
+    with tarfile.open(os.path.join(shared_dir, "data", "cifar10-jpg.tar.gz")) as archive:
         for member in archive:
             parts = member.name.split("/")
             if member.isfile() and len(parts) == 3:
