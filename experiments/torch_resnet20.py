@@ -64,6 +64,7 @@ def load_jpeg_archive(path, limit=None):
             parts = member.name.split("/")
             if member.isfile() and len(parts) == 3 and parts[2].lower().endswith(".jpg"):
                 members[member.name] = archive.extractfile(member).read()
+    classes = sorted({n.split("/")[1] for n in members if n.startswith("train/")})
     out = {}
     for split in ("train", "test"):
         names = sorted(n for n in members if n.startswith(split + "/"))
@@ -71,7 +72,6 @@ def load_jpeg_archive(path, limit=None):
             names = names[::max(1, len(names) // limit)][:limit]
         if not names:
             raise SystemExit(f"--data={path}: no {split}/<class>/*.jpg images in the archive")
-        classes = sorted({n.split("/")[1] for n in members if n.startswith("train/")})
         labels = np.array([classes.index(n.split("/")[1]) for n in names], np.int64)
         images = np.stack([np.asarray(Image.open(io.BytesIO(members[n])).convert("RGB"))
                            for n in names])
