@@ -66,7 +66,7 @@ def train_argv(argv):
 
 def write_report():
     from keras_identity.training import plot_errors
-    from keras_identity.training import recipes
+    from keras_identity import recipes
 
     shallow, deep = FLAGS.depths
     runs = [(key, label, argv) for key, label, argv in nets() if _runs.history(run_dir(key))]

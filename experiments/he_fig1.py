@@ -68,7 +68,7 @@ CHECKPOINTS = (25, 50, 100, 200, 300, 400, 600, 800, 1000, 2000, 4000, 8000, 160
 
 def schedule():
     """The `cifar` recipe resolved for --batch_size and --depth (as the trainer does)."""
-    from keras_identity.training import recipes
+    from keras_identity import recipes
 
     return recipes.resolve(recipes.get_recipe("cifar"), num_train=50_000,
                            batch_size=FLAGS.batch_size, depth=FLAGS.depth,

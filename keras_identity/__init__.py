@@ -52,5 +52,4 @@ from keras_identity import layers  # noqa: E402
 from keras_identity import models  # noqa: E402
 from keras_identity import training  # noqa: E402
 from keras_identity import analysis  # noqa: E402
-
-__version__ = "0.1.0"
+from keras_identity.version import __version__  # noqa: E402,F401

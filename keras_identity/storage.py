@@ -24,6 +24,12 @@ everything at a local GCS emulator: gcsfs reads it itself; its probe of a
 bucket's type over gRPC, which an emulator does not answer (a minute's wait
 per bucket), is turned off; and no credentials are looked for.  A user's own
 setting of the probe is kept.
+
+One module, one concept, past 600 lines: the file layer is a flat list of
+short calls (exists, read, write, rename, remove, upload, ...) that each pair
+a local branch with a bucket branch over the same error wording; split by
+call they would share this module's private state (the file systems, the
+emulator settings, the error translation) instead of public functions.
 """
 
 import contextlib

@@ -26,7 +26,7 @@ def _fresh_keras_state():
     keras.backend.clear_session()
     yield
     keras.config.set_dtype_policy("float32")
-    from keras_identity.training.trainer import set_op_determinism
+    from keras_identity.training.numerics import set_op_determinism
 
     set_op_determinism(False)
 

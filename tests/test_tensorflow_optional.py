@@ -73,8 +73,8 @@ def test_decode_image_reads_png_and_names_a_bad_file():
     import numpy as np
     from PIL import Image
 
-    from keras_identity.data.datasets import DataError
-    from keras_identity.data.datasets import decode_image
+    from keras_identity.data.decoding import decode_image
+    from keras_identity.data.errors import DataError
 
     pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     buffer = io.BytesIO()

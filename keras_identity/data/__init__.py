@@ -8,11 +8,11 @@ TensorFlow) and NumPy batches in a ``keras.utils.PyDataset``
 
 from keras_identity.data.arrays import EvalBatches
 from keras_identity.data.arrays import TrainBatches
-from keras_identity.data.datasets import DATASETS
-from keras_identity.data.datasets import DataError
-from keras_identity.data.datasets import ImageDataset
 from keras_identity.data.datasets import load_dataset
+from keras_identity.data.errors import DataError
 from keras_identity.data.facts import AUGMENTATIONS
+from keras_identity.data.facts import DATASETS
+from keras_identity.data.image_dataset import ImageDataset
 from keras_identity.data.normalization import Normalization
 from keras_identity.data.normalization import load_preprocessing
 from keras_identity.data.normalization import save_preprocessing

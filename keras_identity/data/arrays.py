@@ -45,8 +45,9 @@ import numpy as np
 
 from keras_identity import _checks
 from keras_identity import _cpu_kernels as cpu_kernels
-from keras_identity.data import datasets as datasets_lib
+from keras_identity.data import decoding
 from keras_identity.data import grain_workers
+from keras_identity.data import image_folders
 from keras_identity.data.facts import AUGMENTATIONS
 
 # What a generator's draws are for (the second word of its seed).
@@ -227,8 +228,8 @@ class _Examples:
             return self.images[i], self.labels[i]
         if self.files is not None:
             path = self.files[0][i]
-            encoded = datasets_lib.read_file(path)
-            return datasets_lib.decode_image(encoded, 3, path), self.files[1][i]
+            encoded = image_folders.read_file(path)
+            return decoding.decode_image(encoded, 3, path), self.files[1][i]
         example = self.source[int(i)]
         image = np.asarray(example["image"], np.uint8)
         return (image[..., None] if image.ndim == 2 else image), example["label"]

@@ -16,7 +16,7 @@ rows of global batch ``k``), a function of the run's seed and of ``k``
 alone.  So the stream is the threads' stream, bit for bit, whatever the
 number of workers; a resumed run starts a new iterator at its step instead
 of restoring Grain's iterator state; and a file refused inside a worker
-(:class:`keras_identity.data.datasets.DataError`, one line naming the file)
+(:class:`keras_identity.data.errors.DataError`, one line naming the file)
 is raised again, with the same type and message, by the call that asked
 for its batch.
 

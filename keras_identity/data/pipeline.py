@@ -10,7 +10,7 @@ of a single-device run.
 Image files (ImageNet folders) are decoded as they are read: one that does
 not decode, or whose header declares more pixels than are read
 (``image_headers.MAX_IMAGE_PIXELS``), stops the stream with an error that
-names it (see :func:`keras_identity.data.datasets.as_data_error`).
+names it (see :func:`keras_identity.data.errors.as_data_error`).
 """
 
 import re
@@ -18,7 +18,8 @@ import re
 import tensorflow as tf
 
 from keras_identity.data import augment as augment_lib
-from keras_identity.data import datasets as datasets_lib
+from keras_identity.data import decoding
+from keras_identity.data import errors
 from keras_identity.data import image_headers
 from keras_identity.data.augment import center_crop
 
@@ -47,8 +48,8 @@ def _seed(seed, position):
 
 def _message(text):
     """The message of an error raised inside tf.data for an image file, marked
-    so that :func:`keras_identity.data.datasets.as_data_error` finds it."""
-    return tf.strings.join([datasets_lib.TF_MESSAGE_START, text, datasets_lib.TF_MESSAGE_END])
+    so that :func:`keras_identity.data.errors.as_data_error` finds it."""
+    return tf.strings.join([errors.TF_MESSAGE_START, text, errors.TF_MESSAGE_END])
 
 
 def _too_many_pixels(path, size):
@@ -83,7 +84,7 @@ def _decode_file(path):
     empty = tf.zeros([0, 0, 3], tf.uint8)
     # Another format (WebP, ...: TensorFlow would decode it unbounded) is refused.
     return tf.case([
-        (size[0] < 0, lambda: (empty, tf.strings.join([path, datasets_lib.NO_IMAGE_HEADER]))),
+        (size[0] < 0, lambda: (empty, tf.strings.join([path, decoding.NO_IMAGE_HEADER]))),
         (size[0] * size[1] > image_headers.MAX_IMAGE_PIXELS,
          lambda: (empty, _too_many_pixels(path, size)))],
         default=lambda: (tf.io.decode_image(encoded, channels=3, expand_animations=False),
@@ -96,7 +97,7 @@ def _decode_files(indices, paths, labels, count=None):
     finite stream, ``None`` for an endless one).  A file that does not read
     or decode, or whose header declares too many pixels, stops the stream
     with an ``InvalidArgumentError`` naming it (its message one of a
-    :class:`DataError`, see ``datasets.as_data_error``).
+    :class:`DataError`, see ``errors.as_data_error``).
 
     tf.data cannot catch the error of an op and name its input, so the
     files are decoded (in parallel) into a stream that drops the elements
@@ -121,7 +122,7 @@ def _decode_files(indices, paths, labels, count=None):
         problem = tf.cond(position > expected, lambda: tf.strings.join([
             tf.gather(paths, tf.maximum(previous, 0)),
             " is not a readable image (it does not read or decode: truncated or corrupt?); ",
-            datasets_lib.EXPECTED_IMAGE, "."]), lambda: refusal)
+            decoding.EXPECTED_IMAGE, "."]), lambda: refusal)
         failed = tf.debugging.Assert(tf.equal(problem, ""), [_message(problem)])
         with tf.control_dependencies([failed]):
             return position + 1, (tf.identity(image), label)

@@ -2,7 +2,7 @@
 
 TensorFlow (``tf.io.decode_image``, ``decode_png(dtype=uint8)``: the tf.data
 route and serving) decodes PNGs with libpng; the JAX route decodes with
-Pillow (:func:`keras_identity.data.datasets.decode_image`).  The two agree
+Pillow (:func:`keras_identity.data.decoding.decode_image`).  The two agree
 on 8-bit PNGs read as RGB, and on 16-bit colour ones (Pillow keeps the high
 byte too), but not on:
 
@@ -25,7 +25,7 @@ byte too), but not on:
 
 JPEG, GIF and BMP files are converted by Pillow as they always were (its
 JPEG decoder rounds differently from TensorFlow's: a run's identity names
-the decoder, see ``datasets._assemble``).
+the decoder, see ``image_folders.assemble``).
 
 ``tests/data/test_png_pixels.py`` compares both decoders pixel for pixel.
 """

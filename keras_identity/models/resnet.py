@@ -28,6 +28,7 @@ import keras
 
 from keras_identity import _checks
 from keras_identity import initializers
+from keras_identity import recipes
 from keras_identity.data.facts import DATASETS
 from keras_identity.data.facts import IMAGE_SHAPES
 from keras_identity.data.facts import NUM_CLASSES
@@ -158,8 +159,6 @@ def resolve_normalization(include_preprocessing, normalization, *, dataset, buil
                              f"in [0, 255]).")
         return None
     if normalization is None:
-        from keras_identity.training import recipes  # the recipes' choice, read lazily
-
         normalization = recipes.RECIPES[recipes.default_recipe(
             builder, dataset, architecture)].normalization
     if isinstance(normalization, dict):

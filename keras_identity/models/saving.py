@@ -12,6 +12,8 @@ import zipfile
 
 import keras
 
+from keras_identity.version import __version__
+
 PACKAGE = "keras_identity"
 
 
@@ -62,10 +64,9 @@ def unknown_classes(path):
 
 def load_model(path, compile=True):
     """``keras.models.load_model(path)`` with this package's classes
-    registered; raises ``ValueError`` in one line naming the file (and the
-    unknown classes, when the file names classes no module registers)."""
-    import keras_identity  # noqa: F401  (registers the package's classes)
-
+    registered (importing this module imports the package, which registers
+    them); raises ``ValueError`` in one line naming the file (and the unknown
+    classes, when the file names classes no module registers)."""
     try:
         return keras.models.load_model(path, compile=compile)
     except Exception as error:  # zipfile, h5py, JSON and Keras errors
@@ -75,7 +76,7 @@ def load_model(path, compile=True):
             others = [n for n in missing if not n.startswith(PACKAGE + ">")]
             parts = []
             if ours:
-                parts.append(f"keras_identity {keras_identity.__version__} has no class "
+                parts.append(f"keras_identity {__version__} has no class "
                              f"{', '.join(ours)} (the file was saved by another version of "
                              f"keras_identity: load it with that version)")
             if others:

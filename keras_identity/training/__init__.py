@@ -1,4 +1,4 @@
-"""Training: recipes, schedules, the optimizer, strategies and the loop."""
+"""Training: the configuration, recipes, schedules, the optimizer, strategies and the loop."""
 
 from keras_identity.training.callbacks import TrainingDiverged
 from keras_identity.training.checkpoints import Checkpointer
@@ -9,16 +9,16 @@ from keras_identity.training.plots import plot_errors
 from keras_identity.training.plots import plot_runs
 from keras_identity.training.preemption import STOP_STATUS
 from keras_identity.training.preemption import Stopped
-from keras_identity.training.recipes import RECIPES
-from keras_identity.training.recipes import get_recipe
-from keras_identity.training.recipes import resolve
+from keras_identity.recipes import RECIPES
+from keras_identity.recipes import get_recipe
+from keras_identity.recipes import resolve
 from keras_identity.training.schedules import ExponentialDecay
 from keras_identity.training.schedules import WarmupStepDecay
 from keras_identity.training.strategies import get_strategy
-from keras_identity.training.trainer import ConfigError
-from keras_identity.training.trainer import TrainConfig
-from keras_identity.training.trainer import build_model
-from keras_identity.training.trainer import build_optimizer
-from keras_identity.training.trainer import compile_model
+from keras_identity.training.config import ConfigError
+from keras_identity.training.config import TrainConfig
+from keras_identity.training.trained_model import build_model
+from keras_identity.training.trained_model import build_optimizer
+from keras_identity.training.trained_model import compile_model
 from keras_identity.training.trainer import prepare
 from keras_identity.training.trainer import train

@@ -103,7 +103,7 @@ class Checkpointer:
     reads_orbax = False
 
     def __init__(self, directory, keep=2, identity=None, owns_directory=False):
-        """``identity``: the run's flags (:func:`trainer.run_identity`); kept
+        """``identity``: the run's flags (:func:`run_files.run_identity`); kept
         in every checkpoint, and a checkpoint whose record differs is never
         restored.  ``owns_directory``: every checkpoint in ``directory`` is
         this run's (a TensorFlow worker's or a JAX process's own folder, never

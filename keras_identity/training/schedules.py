@@ -63,3 +63,14 @@ class ExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return dict(base_rate=self.base_rate, decay=self.decay, decay_steps=self.decay_steps)
+
+
+def from_recipe(recipe, schedule):
+    """The Keras ``LearningRateSchedule`` of a recipe (a
+    :class:`keras_identity.recipes.Recipe`) resolved for one run
+    (``schedule``, :func:`keras_identity.recipes.resolve`)."""
+    if recipe.schedule == "exponential":
+        return ExponentialDecay(schedule.learning_rate, recipe.exponential_decay,
+                                schedule.data_epoch_steps)
+    return WarmupStepDecay(schedule.learning_rate, schedule.boundaries, recipe.decay_factor,
+                           schedule.warmup_steps, schedule.warmup_rate, schedule.warmup)

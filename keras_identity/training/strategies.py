@@ -289,6 +289,23 @@ def describe(strategy):
     return f"{type(strategy).__name__} ({replicas} replica{'s' if replicas != 1 else ''})"
 
 
+def input_placement(strategy):
+    """Where a run's input streams go on ``strategy``: the placement
+    arguments of :func:`keras_identity.data.streams.input_streams`.  A
+    ``tf.distribute`` strategy distributes tf.data pipelines
+    (``tf_strategy``); on JAX each process reads its rows of every global
+    batch (``process_index`` of ``process_count``).  The evaluation batches
+    are padded to whole batches (``pad_to_batch``) on a TPU and on several
+    replicas."""
+    placement = dict(pad_to_batch=is_tpu(strategy) or strategy.num_replicas_in_sync > 1)
+    if isinstance(strategy, KerasDistribution):
+        placement.update(process_index=strategy.process_index,
+                         process_count=strategy.process_count)
+    else:
+        placement.update(tf_strategy=strategy)
+    return placement
+
+
 def check_same_in_processes(strategy, value, what):
     """Raises ``ValueError`` (one line naming ``what``) unless every process of
     a multi-process JAX run holds the same integer ``value`` (e.g. the step

@@ -6,9 +6,9 @@ from keras_identity.tuning.hypermodel import DEFAULT_GATE_BIASES
 from keras_identity.tuning.hypermodel import Range
 from keras_identity.tuning.hypermodel import TrainingHyperModel
 from keras_identity.tuning.hypermodel import parse_range
-from keras_identity.tuning.search import OBJECTIVES
-from keras_identity.tuning.search import TUNERS
-from keras_identity.tuning.search import SearchConfig
-from keras_identity.tuning.search import SearchStopped
+from keras_identity.tuning.config import OBJECTIVES
+from keras_identity.tuning.config import TUNERS
+from keras_identity.tuning.config import SearchConfig
+from keras_identity.tuning.progress import SearchStopped
 from keras_identity.tuning.search import TrialsFailed
 from keras_identity.tuning.search import run_search

@@ -21,7 +21,9 @@ import keras_tuner
 from keras_identity import _checks
 from keras_identity.layers.residual import GATED_SHORTCUTS
 from keras_identity.models import registry
-from keras_identity.training import trainer
+from keras_identity.training import numerics
+from keras_identity.training import trained_model
+from keras_identity.training.config import ConfigError
 
 DEFAULT_GATE_BIASES = tuple(float(b) for b in range(0, -11, -1))  # 0, -1, ..., -10
 
@@ -105,10 +107,10 @@ def check_tunable(config, space=None):
     model."""
     try:
         _check_space(config, space)
-    except trainer.ConfigError:
+    except ConfigError:
         raise
     except ValueError as error:
-        raise trainer.ConfigError(str(error)) from None
+        raise ConfigError(str(error)) from None
 
 
 def gate_bias_fixed(config):
@@ -120,11 +122,11 @@ def gate_bias_fixed(config):
 def _check_space(config, space):
     space = {"gate_bias_init": DEFAULT_GATE_BIASES} if space is None else space
     if isinstance(space.get("depth"), Range) or isinstance(space.get("activation"), Range):
-        raise trainer.ConfigError("depths and activations take lists of values, not ranges.")
+        raise ConfigError("depths and activations take lists of values, not ranges.")
     if not space:
         what = ("" if has_gate_bias(config) else
                 f"{_model_words(config)} has no gate bias to search; ")
-        raise trainer.ConfigError(f"the search space is empty: {what}give at least one of "
+        raise ConfigError(f"the search space is empty: {what}give at least one of "
                                   f"gate_biases, learning_rates, momentums, lr_decays, "
                                   f"activations, weight_decays, depths.")
     for name in space:
@@ -134,21 +136,21 @@ def _check_space(config, space):
                   name in config.model_kwargs)
                  if name in BUILDER_DIMENSIONS else getattr(config, name) is not None)
         if given:
-            raise trainer.ConfigError(f"{name} is both fixed and searched ({FLAG_NAMES[name]}); "
+            raise ConfigError(f"{name} is both fixed and searched ({FLAG_NAMES[name]}); "
                                       f"give one of them.")
     if "gate_bias_init" in space and not has_gate_bias(config):
         if config.family in ("resnet", "preact_resnet"):
             shortcut = config.model_kwargs.get("shortcut")
-            raise trainer.ConfigError(
+            raise ConfigError(
                 f"shortcut={shortcut!r} has no gate bias to tune; expected one of "
                 f"{', '.join(repr(s) for s in GATED_SHORTCUTS)}.")
-        raise trainer.ConfigError(
+        raise ConfigError(
             f"gate_biases applies to models with a gate bias (highway_net, a ResNet with a "
             f"gated shortcut); model={config.model!r} has no gate bias.")
     if "activation" in space:
         builder = registry.builder_of(config.model)
         if "activation" not in builder.parameters:
-            raise trainer.ConfigError(
+            raise ConfigError(
                 f"activations applies to highway_net and plain_net; {builder.name} has a "
                 f"fixed activation.")
         for value in space["activation"]:
@@ -226,18 +228,19 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         (Keras Tuner's ``clear_session`` before each build also clears the
         dtype policy)."""
         config = self.trial_config(hp)
-        trainer.setup_precision_and_seed(config)
+        numerics.setup_precision_and_seed(config)
         schedule = self.schedule
         if config.learning_rate is not None:
             schedule = dataclasses.replace(schedule, learning_rate=config.learning_rate)
-        model = trainer.build_model(config, self.data, seed=config.seed,
+        model = trained_model.build_model(config, self.data, seed=config.seed,
                                     normalization=self.normalization)
-        return trainer.compile_model(model, trainer.make_optimizer(config.get_recipe(),
+        return trained_model.compile_model(model, trained_model.make_optimizer(config.get_recipe(),
                                                                    schedule, config),
                                      config.jit_compile)
 
     # Set by the search (keras_identity.tuning.search.run_search): how a trial
-    # resumes and stops (a TrialProgress); None: a plain Keras fit.
+    # resumes and stops (a keras_identity.tuning.progress.TrialProgress); None:
+    # a plain Keras fit.
     progress = None
 
     def fit(self, hp, model, *args, **kwargs):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_identity.data import arrays
-from keras_identity.data.datasets import ImageDataset
+from keras_identity.data.image_dataset import ImageDataset
 from keras_identity.data.normalization import Normalization
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from keras_identity import _cpu_kernels as cpu_kernels
 from keras_identity.data import arrays
-from keras_identity.data.datasets import ImageDataset
+from keras_identity.data.image_dataset import ImageDataset
 from keras_identity.data.normalization import Normalization
 
 pytest.importorskip("grain")

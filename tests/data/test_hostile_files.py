@@ -22,8 +22,8 @@ from keras_identity.data import Normalization
 from keras_identity.data import arrays
 from keras_identity.data import image_headers
 from keras_identity.data import load_dataset
-from keras_identity.data.datasets import as_data_error
-from keras_identity.data.datasets import decode_image
+from keras_identity.data.decoding import decode_image
+from keras_identity.data.errors import as_data_error
 
 
 def _encode(value, size=(8, 8), format="JPEG"):

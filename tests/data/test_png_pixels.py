@@ -15,7 +15,7 @@ from PIL import Image
 
 from keras_identity.data import DataError
 from keras_identity.data import load_dataset
-from keras_identity.data.datasets import decode_image
+from keras_identity.data.decoding import decode_image
 
 
 def _chunk(kind, body):

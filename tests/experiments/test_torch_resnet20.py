@@ -39,6 +39,7 @@ def small_archive(tmp_path_factory, shared_dir):
 
 def test_reads_the_images_the_package_reads(small_archive):
     from keras_identity.data import datasets
+    from keras_identity.data import decoding
 
     ours = torch_resnet20.load_jpeg_archive(str(small_archive))
     package = datasets.load_dataset("cifar10", data_dir=str(small_archive.parent))
@@ -49,7 +50,7 @@ def test_reads_the_images_the_package_reads(small_archive):
         names = sorted(n for n in files if n.startswith(split + "/"))
         # The package's Pillow decoder (the JAX route's without TensorFlow, which
         # gave the package's ResNet-20 result): the same pixels.
-        pillow = np.stack([datasets.decode_image(files[n], 3) for n in names])
+        pillow = np.stack([decoding.decode_image(files[n], 3) for n in names])
         np.testing.assert_array_equal(x, pillow)
         # The loaded data set (TensorFlow's decoder where it is installed,
         # which rounds differently by up to 4 levels) and its labels.

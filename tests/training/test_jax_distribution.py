@@ -73,3 +73,9 @@ def test_tpu_chips_that_jax_cannot_see_name_the_install(monkeypatch):
     with pytest.raises(ValueError, match=r"TPU chips but JAX .* sees \d+ CPU: install jax\[tpu\]"):
         strategies.get_strategy("auto")
     assert strategies.get_strategy("default").num_replicas_in_sync == 1
+
+
+def test_input_placement_of_a_keras_distribution_reads_this_processes_rows():
+    strategy = strategies.get_strategy("default")
+    assert strategies.input_placement(strategy) == dict(pad_to_batch=False, process_index=0,
+                                                        process_count=1)

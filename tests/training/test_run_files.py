@@ -1,8 +1,11 @@
 """A run's own files lost or damaged (``checkpoints/state.json``,
 ``run.json``, a checkpoint, ``.lock``): the run resumes from its newest
 checkpoint or is refused in one line, and never deletes or overwrites a
-checkpoint it did not write."""
+checkpoint it did not write.  A run whose identity differs
+(:mod:`keras_identity.training.run_files`: other flags or data) is never
+resumed."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -16,6 +19,8 @@ import pytest
 from keras_identity.training import ConfigError
 from keras_identity.training import TrainConfig
 from keras_identity.training import checkpoints
+from keras_identity.training import prepare
+from keras_identity.training import run_files
 from keras_identity.training import train
 
 
@@ -518,3 +523,62 @@ def test_a_write_refused_for_permission_is_not_told_to_free_space(tmp_path, monk
     monkeypatch.undo()
     assert sorted(os.listdir(directory)) == ["ckpt-000000001.state.json",
                                              "ckpt-000000001.weights.h5", "state.json"]
+
+
+# --- the run's identity: a changed input never silently resumes a run --------
+
+def _small(tmp_path, **kwargs):
+    base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
+                epochs=1, batch_size=64, verbose=0, model_dir=str(tmp_path / "run"))
+    base.update(kwargs)
+    return TrainConfig(**base)
+
+
+def test_refuses_to_resume_with_other_flags(tmp_path):
+    base = dict(model="highway_net", train_examples=200, test_examples=50, epochs=1,
+                verbose=0, model_dir=str(tmp_path))
+    train(TrainConfig(depth=3, **base), quiet)
+    with pytest.raises(ConfigError, match=r"other flags \(depth: 3 != 4\)"):
+        train(TrainConfig(depth=4, **base), quiet)
+
+
+def test_resume_compares_builder_arguments_one_by_one(tmp_path):
+    config = TrainConfig(model="highway_net", depth=3, train_examples=256, test_examples=64,
+                         model_kwargs=dict(transform_bias_init=-2.0),
+                         model_dir=str(tmp_path / "run"))
+    first = prepare(config)
+    first.lock.release()
+    (tmp_path / "run" / run_files.RUN_FILE).write_text(json.dumps({"identity": first.identity}))
+    prepare(config).lock.release()
+    other = dataclasses.replace(config, model_kwargs=dict(transform_bias_init=-3.0))
+    with pytest.raises(ConfigError, match=r"transform_bias_init: -2.0 != -3.0"):
+        prepare(other)
+
+
+def test_resume_refuses_changed_inputs_before_writing_anything(tmp_path):
+    train(_small(tmp_path, epochs=2), quiet)
+    run = tmp_path / "run"
+    written = {name: (run / name).read_bytes() for name in
+               ("config.json", "preprocessing.json", "run.json")}
+    other = tmp_path / "other.npz"
+    rng = np.random.default_rng(1)
+    np.savez(other, x_train=rng.integers(0, 256, (300, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 300), x_test=rng.integers(0, 256, (80, 28, 28),
+                                                                  dtype=np.uint8),
+             y_test=rng.integers(0, 10, 80))
+    changed = _small(tmp_path, epochs=3, normalization="per_channel", data_dir=str(other),
+                     learning_rate=5.0)
+    with pytest.raises(ConfigError) as error:
+        train(changed, quiet)
+    message = str(error.value)
+    for word in ("data_dir: 'sha256:", "learning_rate: 0.05 != 5.0",
+                 "normalization: 'scale' != 'per_channel'"):
+        assert word in message
+    assert "\n" not in message and "epochs:" not in message
+    for name, content in written.items():
+        assert (run / name).read_bytes() == content, name
+    for flags in (dict(momentum=0.5), dict(seed=1), dict(augmentation="cifar"),
+                  dict(model_kwargs=dict(transform_bias_init=-3.0)),
+                  dict(precision="mixed_bfloat16"), dict(train_examples=200)):
+        with pytest.raises(ConfigError, match="other flags"):
+            train(_small(tmp_path, epochs=3, **flags), quiet)

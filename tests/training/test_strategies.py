@@ -106,3 +106,9 @@ def test_local_tpu_comes_before_the_named_one(monkeypatch):
 def test_a_tpu_address_applies_to_tpu_strategies_only():
     with pytest.raises(ValueError, match="tpu='10.0.0.2:8470' applies only with"):
         get_strategy("mirrored", tpu_address="10.0.0.2:8470")
+
+
+def test_input_placement_of_a_tf_strategy_distributes_tf_data_pipelines():
+    strategy = get_strategy("default")
+    assert strategies.input_placement(strategy) == dict(pad_to_batch=False,
+                                                        tf_strategy=strategy)

@@ -108,7 +108,7 @@ def test_two_replicas_in_bfloat16_with_xla_match_one_float32_device(tmp_path):
     float32 device: equal to bfloat16 precision, not doubled or halved.  On
     JAX with XLA and two steps per execution, as on a TPU; on TensorFlow,
     MirroredStrategy takes neither from Keras (the trainer refuses them, see
-    the next test), so the two replicas run plain steps.  Each leg of CI runs
+    test_steps.py), so the two replicas run plain steps.  Each leg of CI runs
     its own backend's."""
     backend = keras.backend.backend()
     rng = np.random.default_rng(0)
@@ -127,31 +127,3 @@ def test_two_replicas_in_bfloat16_with_xla_match_one_float32_device(tmp_path):
     assert any(replicas in line for line in tpu_like["lines"]), tpu_like["lines"][:2]
     assert np.isfinite(tpu_like["loss"])
     assert tpu_like["loss"] == pytest.approx(exact["loss"], rel=0.05)
-
-
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(jit_compile=True), ["jit_compile=True is not valid with MirroredStrategy (2 replicas)",
-                              "keras-team/keras#18145"]),
-    (dict(steps_per_execution=2), ["steps_per_execution=2 is not valid with MirroredStrategy",
-                                   "keras-team/keras#19246"]),
-])
-def test_what_keras_cannot_run_on_mirrored_replicas_is_refused(kwargs, words):
-    """Keras 3's TensorFlow trainer fails on several MirroredStrategy replicas
-    with XLA or several steps per execution (reproduced on two logical CPUs);
-    the trainer says so in one line before building anything."""
-    from keras_identity.training import TrainConfig
-    from keras_identity.training.trainer import check_distributed_step
-
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("a TensorFlow strategy")
-
-    class MirroredStrategy:  # what the check reads of two replicas
-        num_replicas_in_sync = 2
-
-    strategy = MirroredStrategy()
-    config = TrainConfig(**{k: v for k, v in kwargs.items() if k == "jit_compile"})
-    with pytest.raises(ValueError) as error:
-        check_distributed_step(config, strategy, kwargs.get("steps_per_execution", 1))
-    for word in words:
-        assert word in str(error.value)
-    check_distributed_step(TrainConfig(), strategy, 1)

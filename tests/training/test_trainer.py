@@ -5,17 +5,13 @@ import os
 import keras
 import numpy as np
 import pytest
-from pathlib import Path
 
 import keras_identity as ki
-from keras_identity.data import Normalization
 from keras_identity.training import ConfigError
 from keras_identity.training import TrainConfig
 from keras_identity.training import TrainingDiverged
 from keras_identity.training import train
 from keras_identity.training import trainer
-from tests.backend import jax_only
-from tests.backend import tensorflow_only
 
 
 def quiet(*_):
@@ -112,14 +108,6 @@ def test_stop_at_step_keeps_the_schedule_and_resumes_exactly(tmp_path):
         train(TrainConfig(stop_at_step=7, model_dir=str(tmp_path / "c"), **base), quiet)
 
 
-def test_refuses_to_resume_with_other_flags(tmp_path):
-    base = dict(model="highway_net", train_examples=200, test_examples=50, epochs=1,
-                verbose=0, model_dir=str(tmp_path))
-    train(TrainConfig(depth=3, **base), quiet)
-    with pytest.raises(ConfigError, match=r"other flags \(depth: 3 != 4\)"):
-        train(TrainConfig(depth=4, **base), quiet)
-
-
 def test_divergence_names_the_step(tmp_path):
     # (At 1e4 the loss saturates at a large finite value on JAX, whose Keras
     # cross-entropy clips the probabilities; 1e30 overflows the weights.)
@@ -154,112 +142,11 @@ def test_cifar_recipe_applies_augmentation_and_per_pixel_mean(tmp_path, cifar_li
     assert saved["model"] == "resnet" and saved["depth"] == 8
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(model="resnet9"), ["model='resnet9'", "preact_resnet164"]),
-    (dict(model="preact_resnet", depth=1000, dataset="cifar10"), ["depth=1000", "9n+2"]),
-    (dict(strategy="gpu"), ["strategy='gpu'", "'mirrored'"]),
-    (dict(precision="fp8"), ["precision='fp8'"]),
-    (dict(recipe="adam"), ["recipe='adam'"]),
-    (dict(model="highway_net", model_kwargs=dict(shortcut="dropout")),
-     ["shortcut='dropout'", "resnet"]),
-    (dict(model="preact_resnet", model_kwargs=dict(unit="original")),
-     ["--model=resnet --unit=original"]),
-    (dict(epochs=3, train_steps=10), ["exclusive"]),
-    (dict(model="resnet", model_kwargs=dict(weights="r.keras")), ["model_kwargs sets 'weights'"]),
-    (dict(batch_size=0), ["batch_size=0"]),
-    pytest.param(dict(jit_compile=True, deterministic=True), ["exclusive", "XLA"],
-                 marks=tensorflow_only),
-    (dict(model="plain_net", model_kwargs=dict(gate_bias_init=-1.0)), ["gate_bias_init"]),
-    (dict(model="resnet", model_kwargs=dict(stage_mode="looped")),
-     ["stage_mode='looped'", "'scan'"]),
-    (dict(model="preact_resnet", model_kwargs=dict(stage_mode="unrolled", recompute="unit")),
-     ["recompute='unit'", "unrolled"]),
-    # Builder arguments are validated by the builder's own checks, once.
-    (dict(model="resnet", model_kwargs=dict(gate_bias_init=-6.0)),
-     ["gate_bias_init=-6.0 does not apply to shortcut='identity'"]),
-    (dict(model="highway_net", model_kwargs=dict(stage_mode="scan")),
-     ["stage_mode='scan' does not apply to 'highway_net'", "resnet"]),
-    (dict(model="resnet", model_kwargs=dict(depth=20)), ["model_kwargs sets 'depth'"]),
-    (dict(precision=None), ["precision=None", "'mixed_bfloat16'"]),
-    (dict(verbose=3), ["verbose=3", "0, 1, 2"]),
-    (dict(model="resnet", model_kwargs=dict(
-        shortcut=ki.layers.shortcuts.ExclusiveGating(gate_bias_init=-6.0))),
-     ["ExclusiveGating(gate_bias_init=-6.0)", "shortcut='exclusive_gating'"]),
-])
-def test_bad_configurations(kwargs, words):
-    with pytest.raises(ConfigError) as error:
-        TrainConfig(**kwargs).validate()
-    for word in words:
-        assert word in str(error.value)
-
-
 def test_missing_data_is_a_config_error(tmp_path):
     config = TrainConfig(model="resnet", depth=8, dataset="cifar10", data_dir="/no/data",
                          model_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="does not exist"):
         train(config, quiet)
-
-
-def test_defaults_train_the_highway_paper_net():
-    config = TrainConfig().validate()
-    assert (config.model, config.resolved_depth, config.dataset) == ("highway_net", 50, "mnist")
-    assert config.resolved_recipe == "highway_mnist"
-    assert Normalization("scale").mode == "scale"
-
-
-@tensorflow_only  # TensorFlow retraces a step whose first trace creates variables
-def test_compile_model_builds_the_optimizer_so_the_step_is_traced_once():
-    model = ki.models.preact_resnet(20, input_shape=(8, 8, 3), seed=0)
-    ki.training.compile_model(model, keras.optimizers.SGD(0.1, momentum=0.9))
-    assert model.optimizer.built
-    # one momentum slot per trainable weight, created before any step
-    slots = [v for v in model.optimizer.variables if "momentum" in v.path]
-    assert len(slots) == len(model.trainable_variables)
-    traces = []
-    step = model.train_step
-
-    def counting_step(data):
-        traces.append(1)
-        return step(data)
-
-    model.train_step = counting_step
-    rng = np.random.default_rng(0)
-    model.fit(rng.normal(size=(4, 8, 8, 3)).astype("float32"), rng.integers(0, 10, 4),
-              batch_size=4, epochs=2, verbose=0)
-    assert len(traces) == 1  # Keras alone (optimizer built in the step) traces twice
-
-
-# --- builder arguments pass through ------------------------------------------
-
-def test_model_kwargs_reach_the_builder(mnist_npz):
-    config = TrainConfig(model="resnet", depth=8, dataset="mnist", model_kwargs=dict(
-        shortcut="exclusive_gating", gate_bias_init=-3.0, dimension_shortcut="B",
-        stage_mode="scan"))
-    data = trainer.load_data(dataclasses.replace(config, data_dir=mnist_npz,
-                                                 train_examples=64, test_examples=16))
-    model = trainer.build_model(config.validate(), data, seed=0)
-    assert isinstance(model.get_layer("stage1_units2to3"), ki.layers.ResidualStack)
-    np.testing.assert_array_equal(
-        model.get_layer("stage1_units2to3").shortcut_weights["gate/bias"].numpy(), -3.0)
-    assert config.builder_arguments() == dict(
-        depth=8, dataset="mnist", shortcut="exclusive_gating", gate_bias_init=-3.0,
-        dimension_shortcut="B", stage_mode="scan")
-    # A highway net's gate bias is b_T (transform_bias_init) for the same flag.
-    assert ki.models.registry.kwargs_from_flags("highway_net", gate_bias_init=-2.0) == {
-        "transform_bias_init": -2.0}
-
-
-def test_resume_compares_builder_arguments_one_by_one(tmp_path):
-    config = TrainConfig(model="highway_net", depth=3, train_examples=256, test_examples=64,
-                         model_kwargs=dict(transform_bias_init=-2.0),
-                         model_dir=str(tmp_path / "run"))
-    first = trainer.prepare(config)
-    first.lock.release()
-    (tmp_path / "run" / trainer.RUN_FILE).write_text(json.dumps({"identity": first.identity}))
-    trainer.prepare(config).lock.release()
-    other = dataclasses.replace(config, model_kwargs=dict(transform_bias_init=-3.0))
-    with pytest.raises(ConfigError, match=r"transform_bias_init: -2.0 != -3.0"):
-        trainer.prepare(other)
 
 
 # --- a changed input never silently resumes a run (issue 20: 1, 3, 6, 8) ------
@@ -269,35 +156,6 @@ def _small(tmp_path, **kwargs):
                 epochs=1, batch_size=64, verbose=0, model_dir=str(tmp_path / "run"))
     base.update(kwargs)
     return TrainConfig(**base)
-
-
-def test_resume_refuses_changed_inputs_before_writing_anything(tmp_path):
-    train(_small(tmp_path, epochs=2), quiet)
-    run = tmp_path / "run"
-    written = {name: (run / name).read_bytes() for name in
-               ("config.json", "preprocessing.json", "run.json")}
-    other = tmp_path / "other.npz"
-    rng = np.random.default_rng(1)
-    np.savez(other, x_train=rng.integers(0, 256, (300, 28, 28), dtype=np.uint8),
-             y_train=rng.integers(0, 10, 300), x_test=rng.integers(0, 256, (80, 28, 28),
-                                                                  dtype=np.uint8),
-             y_test=rng.integers(0, 10, 80))
-    changed = _small(tmp_path, epochs=3, normalization="per_channel", data_dir=str(other),
-                     learning_rate=5.0)
-    with pytest.raises(ConfigError) as error:
-        train(changed, quiet)
-    message = str(error.value)
-    for word in ("data_dir: 'sha256:", "learning_rate: 0.05 != 5.0",
-                 "normalization: 'scale' != 'per_channel'"):
-        assert word in message
-    assert "\n" not in message and "epochs:" not in message
-    for name, content in written.items():
-        assert (run / name).read_bytes() == content, name
-    for flags in (dict(momentum=0.5), dict(seed=1), dict(augmentation="cifar"),
-                  dict(model_kwargs=dict(transform_bias_init=-3.0)),
-                  dict(precision="mixed_bfloat16"), dict(train_examples=200)):
-        with pytest.raises(ConfigError, match="other flags"):
-            train(_small(tmp_path, epochs=3, **flags), quiet)
 
 
 def test_a_run_may_only_grow(tmp_path):
@@ -319,27 +177,6 @@ def test_a_run_grown_from_inside_an_epoch_stops_at_its_length(tmp_path):
     result = train(_small(tmp_path, epochs=None, train_steps=12), lines.append)
     assert result["steps"] == 12
     assert any("resuming from the checkpoint at step 6" in line for line in lines)
-
-
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(train_examples=0), ["train_examples=0"]),
-    (dict(test_examples=-1), ["test_examples=-1"]),
-    (dict(learning_rate=-0.1), ["learning_rate=-0.1", "(0.0, inf]"]),
-    (dict(learning_rate=float("nan")), ["learning_rate=nan"]),
-    (dict(warmup_steps=-5), ["warmup_steps=-5", ">= 0"]),
-    (dict(momentum=1.0), ["momentum=1.0", "[0.0, 1.0)"]),
-    (dict(weight_decay=-1e-4), ["weight_decay=-0.0001"]),
-    (dict(keep_checkpoints=0), ["keep_checkpoints=0"]),
-    (dict(eval_crop=300), ["eval_crop=300", "224"]),
-    (dict(lr_decay=0.0), ["lr_decay=0.0", "(0.0, 1.0]"]),
-    (dict(lr_decay=0.9, recipe="highway_mnist_conv"),
-     ["lr_decay applies to recipes with an exponential schedule", "'highway_mnist_conv'"]),
-])
-def test_numeric_flags_are_validated(kwargs, words):
-    with pytest.raises(ConfigError) as error:
-        _small(Path("/tmp"), **kwargs).validate()
-    for word in words:
-        assert word in str(error.value)
 
 
 def test_global_batch_larger_than_the_training_set_is_refused(tmp_path):
@@ -490,48 +327,3 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
     lines = []
     assert train(_small(tmp_path, epochs=2, checkpoint_format="h5"), lines.append)["steps"] == 8
     assert any("resuming from the checkpoint at step 4" in l for l in lines)
-
-
-def test_checkpoint_format_is_checked_against_the_backend():
-    from keras_identity.training import orbax_checkpoints
-
-    if keras.backend.backend() == "jax" and orbax_checkpoints.available():
-        assert TrainConfig().validate().resolved_checkpoint_format == "orbax"
-        assert TrainConfig(checkpoint_format="orbax").validate().resolved_checkpoint_format \
-            == "orbax"
-    elif keras.backend.backend() != "jax":
-        assert TrainConfig().validate().resolved_checkpoint_format == "h5"
-        with pytest.raises(ConfigError, match=r"^checkpoint_format='orbax' is not valid on the "
-                                              r"tensorflow backend; Orbax checkpoints are "
-                                              r"the JAX route's"):
-            TrainConfig(checkpoint_format="orbax").validate()
-    assert TrainConfig(checkpoint_format="h5").validate().resolved_checkpoint_format == "h5"
-    with pytest.raises(ConfigError, match="checkpoint_format"):
-        TrainConfig(checkpoint_format="zip").validate()
-
-
-@pytest.mark.parametrize("name, backend, words", [
-    ("input_workers", "jax", "it sets the JAX route's worker processes (--backend=jax)"),
-    ("intra_op_threads", "tensorflow", "it sets TensorFlow's CPU thread pools"),
-])
-def test_a_backends_own_setting_is_checked_against_the_backend(name, backend, words):
-    with pytest.raises(ConfigError, match=rf"^{name}=-1 is not valid; expected an integer "
-                                          rf">= 0\.$"):
-        TrainConfig(**{name: -1}).validate()
-    if keras.backend.backend() == backend:
-        assert getattr(TrainConfig(**{name: 0}).validate(), name) == 0
-        assert getattr(TrainConfig(**{name: 3}).validate(), name) == 3
-    else:
-        with pytest.raises(ConfigError) as error:
-            TrainConfig(**{name: 2}).validate()
-        assert str(error.value).startswith(
-            f"{name} is not valid on the {keras.backend.backend()} backend; {words}")
-
-
-@jax_only
-def test_input_workers_are_refused_for_data_in_memory():
-    with pytest.raises(ValueError, match=r"^input_workers=2 is not valid for built-in MNIST "
-                                         r"\(keras_identity/data/mnist.npz\), which is held "
-                                         r"in memory"):
-        trainer.load_data(TrainConfig(input_workers=2).validate())
-    assert trainer.load_data(TrainConfig(input_workers=0).validate()).num_train == 60_000

@@ -1,4 +1,5 @@
-"""A search whose ``--model_dir`` is a bucket (``gs://``, a local GCS emulator:
+"""The bucket staging (``keras_identity.tuning.staging``): a search whose
+``--model_dir`` is a bucket (``gs://``, a local GCS emulator:
 the ``gcs_emulator`` fixture): every file of the search in the bucket and
 nothing on the machine (Keras Tuner works in a staging folder that is gone
 when the program ends), and the same command on a fresh machine continues
@@ -15,7 +16,7 @@ from keras_identity import storage
 from tests.training.test_bucket_runs import _env
 from tests.training.test_bucket_runs import _local_files
 from tests.training.test_bucket_runs import _machine
-from tests.tuning.test_search import stop_in_the_second_trial
+from tests.tuning.searches import stop_in_the_second_trial
 
 FLAGS = ["--model=highway_net", "--depth=4", "--train_examples=3000", "--epochs=1",
          "--gate_biases=0,-2", "--verbose=0"]

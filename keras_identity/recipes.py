@@ -12,6 +12,11 @@ lengthen the whole schedule.
 Weight decay is applied as in the authors' Torch code: added to the gradient
 before momentum, for every parameter (:class:`MomentumSGD`), which equals an
 L2 penalty ``wd/2 ||w||^2`` in the loss.
+
+The recipes are the papers' numbers and plain Python: the model builders read
+a recipe's input normalisation from here, the trainer and the search resolve
+and run them (the Keras schedule of a resolved recipe is
+:func:`keras_identity.training.schedules.from_recipe`).
 """
 
 import dataclasses
@@ -157,15 +162,3 @@ def resolve(recipe, *, num_train, batch_size=None, depth=None, learning_rate=Non
                     boundaries=boundaries, warmup_steps=min(warmup, total),
                     warmup_rate=warmup_rate, warmup=kind, batch_size=batch, scale=scale,
                     data_epoch_steps=data_epoch)
-
-
-def make_learning_rate(recipe, schedule):
-    """The Keras ``LearningRateSchedule`` of a resolved recipe."""
-    from keras_identity.training import schedules
-
-    if recipe.schedule == "exponential":
-        return schedules.ExponentialDecay(schedule.learning_rate, recipe.exponential_decay,
-                                          schedule.data_epoch_steps)
-    return schedules.WarmupStepDecay(schedule.learning_rate, schedule.boundaries,
-                                     recipe.decay_factor, schedule.warmup_steps,
-                                     schedule.warmup_rate, schedule.warmup)

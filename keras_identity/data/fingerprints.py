@@ -1,0 +1,45 @@
+"""What a dataset was read from, for a run's identity
+(:attr:`~keras_identity.data.image_dataset.ImageDataset.fingerprint`): a
+digest of a file's bytes, or of an image-folder tree's listing."""
+
+import hashlib
+import os
+
+
+def _walk(top, depth=0):
+    """``os.walk(top)`` (top-down, sorted), following the links to folders
+    that the listing of an image-folder tree follows
+    (:mod:`~keras_identity.data.image_folders`: split and class folders,
+    ``depth`` 0 and 1) and no others."""
+    try:
+        entries = sorted(os.listdir(top))
+    except OSError:
+        return
+    dirnames = [e for e in entries if os.path.isdir(os.path.join(top, e))]
+    yield top, dirnames, [e for e in entries if e not in dirnames]
+    for name in dirnames:
+        folder = os.path.join(top, name)
+        if depth <= 1 or not os.path.islink(folder):
+            yield from _walk(folder, depth + 1)
+
+
+def fingerprint(path):
+    """A digest of the data at ``path``: SHA-256 of a file's bytes, or of a
+    folder's relative paths, sizes and modification times (a changed, added
+    or removed image changes it; images in a linked class folder too)."""
+    digest = hashlib.sha256()
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return f"sha256:{digest.hexdigest()}"
+    for dirpath, _, filenames in _walk(path):
+        for filename in filenames:
+            full = os.path.join(dirpath, filename)
+            try:
+                info = os.stat(full)
+            except OSError:  # a link that points nowhere (not an image: images are checked)
+                info = os.lstat(full)
+            digest.update(f"{os.path.relpath(full, path)}:{info.st_size}:"
+                          f"{info.st_mtime_ns}\n".encode())
+    return f"tree-sha256:{digest.hexdigest()}"
