@@ -8,6 +8,29 @@ before JAX starts its backend; the trainer then lays the model out with
 reads its own rows of every global batch (:mod:`keras_identity.data.arrays`)
 and only process 0 writes into the run's directory (the others save into
 scratch folders of their own, removed at the end).
+
+**Why a roll call of our own** (:func:`roll_call`, before
+``jax.distributed.initialize``, given ``--coordinator_address``): measured
+with jax 0.10.2 (CPU processes on 127.0.0.1), when the processes do not all
+meet ``jax.distributed.initialize`` raises nothing but aborts the process
+(SIGABRT, status 134) about 5 s after its ``initialization_timeout``: a C++
+stack trace under one absl line ("... This most likely indicates that
+another task died ... DEADLINE_EXCEEDED ... RegisterTask") naming no process
+and no address, alike for a peer that never comes (either side), a wrong
+address, a stranger at the port (a silent TCP or HTTP server) and another
+run's coordinator there.  A second process with a taken id displaces the
+first (which aborts), an id beyond process 0's ``num_processes`` aborts at
+once, a larger ``num_processes`` whose id fits is accepted silently.  So
+the roll call still does what ``jax.distributed`` cannot: one line on every
+process naming the ids that never came and the address; on the others,
+whether nothing, another program or a gRPC server answers there; a
+duplicate ``--process_id``, an id out of range or another
+``--num_processes`` refused in one line while the run goes on; strangers'
+bytes at the port ignored (process 0 speaks first, with a nonce); all
+within ``--initialization_timeout_s``.  The rest is JAX's: the same timeout
+and ``HEARTBEAT_TIMEOUT_S`` are passed through (a peer that dies later makes
+the next collective raise, :func:`lost_peer`, and the heartbeat stop the
+others), and SLURM, Open MPI and TPU slices are its own detection.
 """
 
 import errno
@@ -25,19 +48,10 @@ import time
 HEARTBEAT_TIMEOUT_S = 60
 # Seconds the processes wait for each other at start.
 INITIALIZATION_TIMEOUT_S = 300
+# The longest --initialization_timeout_s: a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-
-
-def _environment_cluster():
-    """The cluster manager that started this process with others, if JAX's
-    own detection applies (``jax.distributed.initialize()`` without
-    arguments), else ``None``."""
-    if int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
-        return "SLURM"
-    if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
-        return "Open MPI"
-    return None
 
 
 def check_arguments(coordinator_address=None, num_processes=None, process_id=None):
@@ -68,34 +82,9 @@ def check_arguments(coordinator_address=None, num_processes=None, process_id=Non
     return True
 
 
-class PeersMissing(ValueError):
-    """Processes of the run did not connect in time (one line naming them)."""
-
-
-_GREETING = "keras_identity roll call"
-# Seconds a connection to process 0's roll call has to greet before it is
-# dropped (it never holds the roll call up: process 0 serves every connection
-# at once, and ends at its own deadline).
-GREETING_S = 10
-# Connections waiting to greet at one time; beyond, the oldest is dropped.
-_MAX_PENDING = 64
-# The longest greeting line, and the longest line of process 0's (which can
-# list many missing processes).
-_GREETING_BYTES = 200
-_LINE_BYTES = 1 << 20
-# Seconds process 0 waits, once everyone has met, for the others to hang up
-# first (then JAX's service finds the port free at once).
-_PARTING_S = 5
-# The longest --initialization_timeout_s: a week.
-MAX_TIMEOUT_S = 7 * 24 * 3600
-# Warning lines of process 0 (one per peer host and kind of greeting).
-_MAX_WARNINGS = 10
-
-
 def check_timeout(timeout_s):
-    """Returns ``timeout_s`` as a float, or raises ``ValueError`` (one line
-    naming the flag) unless it is a finite number of seconds in ``(0,
-    MAX_TIMEOUT_S]``."""
+    """``timeout_s`` as a float; ``ValueError`` (one line naming the flag)
+    unless it is a finite number of seconds in ``(0, MAX_TIMEOUT_S]``."""
     try:
         value = float(timeout_s)
         valid = not isinstance(timeout_s, bool) and 0 < value <= MAX_TIMEOUT_S
@@ -108,29 +97,121 @@ def check_timeout(timeout_s):
     return value
 
 
+def initialize(coordinator_address=None, num_processes=None, process_id=None,
+               timeout_s=INITIALIZATION_TIMEOUT_S):
+    """Connects this process to the others of its run, before any JAX
+    computation; returns the number of processes.
+
+    With the three arguments (the names of ``jax.distributed.initialize``'s
+    own), this process is ``process_id`` of ``num_processes`` and process 0
+    serves the coordinator at ``coordinator_address``.  With none, a SLURM or
+    Open MPI job of several tasks is detected by JAX itself; a Cloud TPU
+    slice needs nothing (its hosts find each other); anything else is one
+    process.  On CPUs the processes exchange gradients over Gloo.
+    ``timeout_s``: how long the processes wait for each other, in
+    :func:`roll_call` (with the three arguments) and then in JAX's own
+    initialization (:func:`check_timeout` says what it may be).  Raises
+    ``PeersMissing`` (processes that do not meet in time) or ``ValueError``
+    (bad arguments, process 0's port taken, JAX's own connection failing),
+    each one line.
+    """
+    import jax
+
+    timeout_s = check_timeout(timeout_s)
+    explicit = check_arguments(coordinator_address, num_processes, process_id)
+    # Without them, a SLURM or Open MPI job of several tasks: JAX's own detection.
+    cluster = None if explicit else next((name for name, size in (
+        ("SLURM", "SLURM_NTASKS"), ("Open MPI", "OMPI_COMM_WORLD_SIZE"))
+        if int(os.environ.get(size, "1") or 1) > 1), None)
+    if not explicit and cluster is None:
+        return jax.process_count()
+    if explicit and num_processes == 1:
+        return 1
+    if explicit:  # process 0's port is checked as its roll call listens there
+        roll_call(coordinator_address, num_processes, process_id, timeout_s)
+    # CPU processes all-reduce through Gloo (the default has no cross-process
+    # collectives); GPUs and TPUs use their own.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    arguments = dict(coordinator_address=coordinator_address, num_processes=num_processes,
+                     process_id=process_id) if explicit else {}
+    try:
+        jax.distributed.initialize(**arguments, initialization_timeout=math.ceil(timeout_s),
+                                   heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    except (RuntimeError, ValueError) as error:
+        where = (f"--coordinator_address={coordinator_address} as process {process_id} of "
+                 f"{num_processes}" if explicit else f"the {cluster} job")
+        raise ValueError(f"the processes did not connect ({where}): "
+                         f"{' '.join(str(error).split())[:200]}") from None
+    return jax.process_count()
+
+
+def lost_peer(error):
+    """Whether ``error`` (of a collective) says another process died or is gone."""
+    text = str(error)
+    return any(marker in text for marker in (
+        "Gloo", "heartbeat", "Connection reset by peer", "UNAVAILABLE",
+        "coordination service", "Connection refused"))
+
+
+class PeersMissing(ValueError):
+    """Processes of the run did not connect in time (one line naming them)."""
+
+
+_GREETING = "keras_identity roll call"
+# Seconds a connection to process 0 has to greet (it holds no one up: process
+# 0 serves every connection at once); connections waiting to greet at one time
+# (then the oldest is dropped); the longest greeting and line of process 0's;
+# process 0's warning lines (one per peer host and kind of greeting).
+GREETING_S, _MAX_PENDING, _GREETING_BYTES, _LINE_BYTES, _MAX_WARNINGS = 10, 64, 200, 1 << 20, 10
+
+
+def roll_call(coordinator_address, num_processes, process_id, timeout_s):
+    """Meets every process of the run at ``coordinator_address`` before JAX's
+    coordination service starts there (the module's docstring says why).
+
+    Process 0 listens on the port until the ``num_processes - 1`` others
+    have said who they are, then answers them all and frees the port for
+    JAX; the others connect (retrying until process 0 listens) and wait for
+    its answer, hearing meanwhile whom it still waits for.  Process 0 speaks
+    first on every connection (the run's size and a nonce of its own); a
+    greeting counts only if it repeats the nonce.  Anything else (a line
+    sent blind, other bytes, another number of processes, an id out of range
+    or of a connected process) is turned away with a warning line; nothing
+    holds process 0 past ``timeout_s``.  Raises ``PeersMissing`` (not everyone
+    within ``timeout_s``: names who) or ``ValueError`` (``timeout_s`` not
+    valid; this process refused for its ``num_processes`` or its taken
+    ``process_id``; process 0's port taken: says by what).
+    """
+    timeout_s = check_timeout(timeout_s)
+    host, port = coordinator_address.rsplit(":", 1)
+    host, port = host.strip("[]"), int(port)
+    deadline = time.monotonic() + timeout_s
+    where = f"--coordinator_address={coordinator_address}"
+    if process_id == 0:
+        family = socket.AF_INET6 if coordinator_address.startswith("[") else socket.AF_INET
+        _Gathering(num_processes, deadline, timeout_s, where).run(_listen(family, port, where))
+    else:
+        _report(host, port, num_processes, process_id, deadline, timeout_s, where)
+
+
 def _say(line):
     print(line, file=sys.stderr, flush=True)
 
 
-def _ranges(ids):
+def _ranges(ids, separator=","):
     """``[2, 3, 4, 7]`` -> ``"2-4,7"`` (runs of three or more as ranges)."""
-    parts, ids = [], sorted(ids)
-    start = 0
-    while start < len(ids):
-        end = start
-        while end + 1 < len(ids) and ids[end + 1] == ids[end] + 1:
-            end += 1
-        if end - start >= 2:
-            parts.append(f"{ids[start]}-{ids[end]}")
+    runs = []
+    for i in sorted(ids):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
         else:
-            parts.extend(str(i) for i in ids[start:end + 1])
-        start = end + 1
-    return ",".join(parts)
+            runs.append([i, i])
+    return separator.join(f"{a}-{b}" if b - a >= 2 else separator.join(map(str, range(a, b + 1)))
+                          for a, b in runs)
 
 
 def _parse_ranges(text, count):
-    """The ids ``_ranges`` wrote (each in ``[1, count)``); ``ValueError`` if
-    ``text`` is not such a list."""
+    """The ids ``_ranges`` wrote, each in ``[1, count)`` (else ``ValueError``)."""
     ids = []
     for part in text.split(","):
         first, _, last = part.partition("-")
@@ -141,15 +222,34 @@ def _parse_ranges(text, count):
     return ids
 
 
+def _processes(ids):  # "process 2", "processes 1, 2"
+    return f"process{'es' if len(ids) > 1 else ''} {_ranges(ids, ', ')}"
+
+
 def _not_connected(ids, count, where, within):
-    plural = len(ids) > 1
-    return (f"process{'es' if plural else ''} {_ranges(ids).replace(',', ', ')} of {count} "
-            f"did not connect to {where} within {within}; start the same command there with "
-            f"--process_id={min(ids)}, or raise --initialization_timeout_s")
+    return (f"{_processes(ids)} of {count} did not connect to {where} within {within}; start "
+            f"the same command there with --process_id={min(ids)}, or raise "
+            f"--initialization_timeout_s")
 
 
-def _banner(num_processes, nonce):
-    return f"{_GREETING} of {num_processes} processes {nonce}\n".encode()
+def _may_greet(buffer):
+    """Whether ``buffer`` can still become a line of the roll call."""
+    prefix = _GREETING.encode()
+    return (buffer.startswith(prefix) or prefix.startswith(buffer)) and (
+        len(buffer) <= _GREETING_BYTES)
+
+
+def _receive(connection, deadline, size=4096):
+    """Up to ``size`` bytes, ``b""`` at the connection's end or at
+    ``deadline`` (however the other side trickles its bytes)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return b""
+    connection.settimeout(left)
+    try:
+        return connection.recv(size)
+    except OSError:  # socket.timeout too
+        return b""
 
 
 def _read_banner(connection, deadline):
@@ -157,12 +257,12 @@ def _read_banner(connection, deadline):
     nonce)`` when a roll call of this package answers, else ``"grpc"`` (an
     HTTP/2 server: JAX's coordination service), ``"other"`` (another
     program) or ``None`` (it hung up, or said nothing before ``deadline``)."""
-    buffer, prefix = b"", _GREETING.encode()
+    buffer = b""
     while b"\n" not in buffer:
-        if _http2(buffer):
+        # An HTTP/2 SETTINGS frame: what a gRPC server sends first.
+        if len(buffer) >= 9 and buffer[3] == 4 and buffer[5:9] == b"\0\0\0\0":
             return "grpc"
-        if not (buffer.startswith(prefix) or prefix.startswith(buffer)) or (
-                len(buffer) > _GREETING_BYTES):
+        if not _may_greet(buffer):
             return "other"
         data = _receive(connection, deadline)
         if not data:
@@ -175,77 +275,18 @@ def _read_banner(connection, deadline):
     return int(words[4]), words[6]
 
 
-def _http2(data):
-    """Whether ``data`` begins with an HTTP/2 SETTINGS frame (what a gRPC
-    server, such as JAX's coordination service, sends first)."""
-    return len(data) >= 9 and data[3] == 4 and data[5:9] == b"\0\0\0\0"
-
-
-def _receive(connection, deadline, size=4096):
-    """Up to ``size`` bytes from ``connection``, ``b""`` at its end or at
-    ``deadline`` (each read waits only until then, however the other side
-    trickles its bytes)."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return b""
-    connection.settimeout(left)
-    try:
-        return connection.recv(size)
-    except OSError:  # socket.timeout too
-        return b""
-
-
-def roll_call(coordinator_address, num_processes, process_id, timeout_s):
-    """Meets every process of the run at ``coordinator_address`` before JAX's
-    coordination service starts there, so that a process that never comes is
-    named in one line instead of JAX's abort after its own timeout.
-
-    Process 0 listens on the coordinator's port until the ``num_processes -
-    1`` others have said who they are, then answers them all and frees the
-    port for JAX; the others connect (retrying until process 0 listens) and
-    wait for its answer, hearing meanwhile whom process 0 still waits for.
-    Each says once what it waits for.
-
-    Process 0 speaks first on every connection (a line naming the run's
-    size and a number of that connection's own), and a greeting counts only
-    if it repeats that number: a line sent blind, bytes that are not a
-    greeting, a greeting for another number of processes or an id out of
-    range, and a second process with the id of one still connected are
-    turned away (a warning line per peer host and kind) while process 0 goes on
-    waiting for the run's own; no connection holds it past ``timeout_s``.
-
-    Raises:
-        PeersMissing: not everyone within ``timeout_s`` seconds (names who).
-        ValueError: ``timeout_s`` not valid; process 0 refused this process
-            (other ``num_processes``, or its ``process_id`` taken); process
-            0's port taken (says by what).
-    """
-    timeout_s = check_timeout(timeout_s)
-    host, port = coordinator_address.rsplit(":", 1)
-    host, port = host.strip("[]"), int(port)
-    deadline = time.monotonic() + timeout_s
-    where = f"--coordinator_address={coordinator_address}"
-    if process_id == 0:
-        family = socket.AF_INET6 if coordinator_address.startswith("[") else socket.AF_INET
-        _Gathering(family, port, num_processes, deadline, timeout_s, where).run()
-    else:
-        _report(host, port, num_processes, process_id, deadline, timeout_s, where)
-
-
 class _Gathering:
-    """Process 0's side of the roll call: one ``poll`` loop over the
-    listening socket, the connections that have yet to greet and the
-    processes that have, every wait bounded by the deadline."""
+    """Process 0's side: one ``poll`` loop over the listening socket, the
+    connections yet to greet and the processes that have, up to the deadline."""
 
-    def __init__(self, family, port, num_processes, deadline, timeout_s, where):
-        self.family, self.port, self.count = family, port, num_processes
+    def __init__(self, num_processes, deadline, timeout_s, where):
+        self.count = num_processes
         self.deadline, self.timeout_s, self.where = deadline, timeout_s, where
         self.pending = {}  # socket -> [address, nonce, bytes so far, greet-by time]
-        self.peers = {}    # process id -> (socket, address)
+        self.peers = {}    # socket -> (process id, address)
         self.warned = set()
 
-    def run(self):
-        server = _listen(self.family, self.port, self.where)
+    def run(self, server):
         _say(f"waiting for {self.count - 1} of {self.count} processes at {self.where}, up to "
              f"{self.timeout_s:g} s")
         told, told_at = None, -math.inf
@@ -266,10 +307,12 @@ class _Gathering:
                     self.tell_all(f"waiting {_ranges(missing)}")
                     told, told_at = missing, now
                     continue
-                self.expire(now)
+                for connection, (_, _, _, until) in list(self.pending.items()):
+                    if now >= until:  # said nothing, or too little, in time
+                        self.close(connection)
                 wake = min([self.deadline] + [p[3] for p in self.pending.values()]
                            + ([told_at + 1] if missing != told else []))
-                sockets = [server, *self.pending, *(s for s, _ in self.peers.values())]
+                sockets = [server, *self.pending, *self.peers]
                 for connection in _readable(sockets, wake - now):
                     if connection is server:
                         self.accept(server)
@@ -277,15 +320,22 @@ class _Gathering:
                         self.read_greeting(connection)
                     else:
                         self.read_peer(connection)
+            # Closed at once: JAX's service binds the port all the same (gRPC
+            # sets SO_REUSEADDR), and the others retry until it listens.
             self.tell_all("ok")
-            self.part()
         finally:
-            for connection in [*self.pending, *(s for s, _ in self.peers.values())]:
+            for connection in [*self.pending, *self.peers]:
                 connection.close()
             server.close()
 
     def missing(self):
-        return [i for i in range(1, self.count) if i not in self.peers]
+        present = {peer_id for peer_id, _ in self.peers.values()}
+        return [i for i in range(1, self.count) if i not in present]
+
+    def close(self, connection):
+        self.pending.pop(connection, None)
+        self.peers.pop(connection, None)
+        connection.close()
 
     def accept(self, server):
         try:
@@ -294,23 +344,11 @@ class _Gathering:
             return
         connection.setblocking(False)
         if len(self.pending) >= _MAX_PENDING:
-            oldest = next(iter(self.pending))
-            del self.pending[oldest]
-            oldest.close()
+            self.close(next(iter(self.pending)))  # the oldest
         nonce = secrets.token_hex(8)
-        try:
-            connection.send(_banner(self.count, nonce))
-        except OSError:
-            connection.close()
-            return
         self.pending[connection] = [address, nonce, b"",
                                     min(time.monotonic() + GREETING_S, self.deadline)]
-
-    def expire(self, now):
-        for connection, (_, _, _, until) in list(self.pending.items()):
-            if now >= until:  # said nothing, or too little, in time
-                del self.pending[connection]
-                connection.close()
+        self.tell(connection, f"{_GREETING} of {self.count} processes {nonce}")  # or its end
 
     def read_greeting(self, connection):
         address, nonce, buffer, _ = entry = self.pending[connection]
@@ -319,20 +357,13 @@ class _Gathering:
         except OSError:
             data = b""
         if not data:  # hung up without greeting: a port scan, a probe
-            del self.pending[connection]
-            connection.close()
+            self.close(connection)
             return
         entry[2] = buffer = buffer + data
-        prefix = _GREETING.encode()
-        if b"\n" not in buffer:
-            if (buffer.startswith(prefix) or prefix.startswith(buffer)) and (
-                    len(buffer) <= _GREETING_BYTES):
-                return  # the rest to come, by the connection's greet-by time
+        if b"\n" not in buffer and _may_greet(buffer):
+            return  # the rest to come, by the connection's greet-by time
         del self.pending[connection]
-        self.greeted(connection, address, nonce, buffer.split(b"\n")[0])
-
-    def greeted(self, connection, address, nonce, line):
-        words = line.decode("ascii", "replace").split()
+        words = buffer.split(b"\n")[0].decode("ascii", "replace").split()
         if words[:3] != _GREETING.split() or len(words) != 6 or not (
                 words[3].isdigit() and words[4].isdigit()) or words[5] != nonce:
             if words[:3] == _GREETING.split() and len(words) in (5, 6):
@@ -343,55 +374,44 @@ class _Gathering:
             connection.close()
             return
         peer_id, peer_count = int(words[3]), int(words[4])
+        self.drop_gone()
+        holder = [_address(a) for i, a in self.peers.values() if i == peer_id]
         if peer_count != self.count or not 0 < peer_id < self.count:
             self.warn(address, "refused",
                       f"a process with --process_id={peer_id} --num_processes={peer_count}: "
                       f"this run has {self.count} processes, 1 to {self.count - 1} connect "
                       f"here; refused")
-            self.tell(connection, f"refused {self.count}")
-            connection.close()
+            refusal = f"refused {self.count}"
+        elif holder:
+            self.warn(address, "taken", f"a second process {peer_id}, while the one from "
+                                        f"{holder[0]} is connected")
+            refusal = f"taken {holder[0]}"
+        else:
+            _keep_alive(connection)
+            self.peers[connection] = (peer_id, address)
+            if self.missing():
+                self.tell(connection, f"waiting {_ranges(self.missing())}")
             return
-        if peer_id in self.peers:
-            self.drop_gone()
-        if peer_id in self.peers:
-            holder = _address(self.peers[peer_id][1])
-            self.warn(address, "taken",
-                      f"a second process {peer_id}, while the one from {holder} is connected")
-            self.tell(connection, f"taken {holder}")
-            connection.close()
-            return
-        _keep_alive(connection)
-        self.peers[peer_id] = (connection, address)
-        missing = self.missing()
-        if missing:
-            self.tell(connection, f"waiting {_ranges(missing)}")
-
-    def read_peer(self, connection):
-        """A process that has greeted says nothing more: its end (it
-        stopped) makes process 0 wait for it again."""
-        try:
-            gone = connection.recv(4096) == b""
-        except BlockingIOError:
-            gone = False
-        except OSError:
-            gone = True
-        if gone:
-            self.forget(connection)
-
-    def drop_gone(self):
-        for connection, _ in list(self.peers.values()):
-            if _readable([connection], 0):
-                self.read_peer(connection)
-
-    def forget(self, connection):
-        for peer_id, (peer, _) in list(self.peers.items()):
-            if peer is connection:
-                del self.peers[peer_id]
+        self.tell(connection, refusal)
         connection.close()
 
+    def read_peer(self, connection):
+        """A process that greeted says nothing more: at its end, wait for it again."""
+        try:
+            if connection.recv(4096):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self.close(connection)
+
+    def drop_gone(self):
+        for connection in _readable(list(self.peers), 0):
+            self.read_peer(connection)
+
     def tell(self, connection, line):
-        """Sends one line; ``False`` if the connection cannot take it now (a
-        process of the run always reads what process 0 says)."""
+        """Sends one line; ``False`` if the connection cannot take it (yet)."""
         data = f"{line}\n".encode()
         try:
             return connection.send(data) == len(data)
@@ -399,35 +419,18 @@ class _Gathering:
             return False
 
     def tell_all(self, line):
-        for connection, _ in list(self.peers.values()):
+        for connection in list(self.peers):
             if not self.tell(connection, line):
-                self.forget(connection)
-
-    def part(self):
-        """Waits (briefly) for the others to hang up first."""
-        until = time.monotonic() + _PARTING_S
-        open_ = [s for s, _ in self.peers.values()]
-        while open_ and time.monotonic() < until:
-            for connection in _readable(open_, until - time.monotonic()):
-                try:
-                    if connection.recv(4096) == b"":
-                        open_.remove(connection)
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    open_.remove(connection)
+                self.close(connection)
 
     def warn(self, address, kind, what):
-        """One line, once per peer host and ``kind`` of greeting, for at most
-        ``_MAX_WARNINGS`` of them."""
+        """One line per peer host and ``kind`` of greeting, ``_MAX_WARNINGS`` in all."""
         key = (address[0], kind)
         if key in self.warned or len(self.warned) >= _MAX_WARNINGS:
             return
         self.warned.add(key)
-        missing = self.missing()
         _say(f"warning: ignored a connection to {self.where} from {_address(address)} "
-             f"({what}); still waiting for process{'es' if len(missing) > 1 else ''} "
-             f"{_ranges(missing).replace(',', ', ')}")
+             f"({what}); still waiting for {_processes(self.missing())}")
 
 
 def _address(address):
@@ -436,8 +439,7 @@ def _address(address):
 
 
 def _keep_alive(connection):
-    """TCP keepalive on a process's connection: one whose host vanished is
-    seen to be gone within about half a minute (its id free again)."""
+    """TCP keepalive: a process whose host vanished is gone within ~30 s."""
     try:
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
@@ -447,23 +449,8 @@ def _keep_alive(connection):
         pass
 
 
-def _listen(family, port, where):
-    server = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(("", port))
-        server.listen(socket.SOMAXCONN)
-        server.setblocking(False)
-    except OSError as error:
-        server.close()
-        _port_taken(error, family, port, where)
-        raise
-    return server
-
-
 def _readable(sockets, timeout):
-    """The sockets of ``sockets`` with bytes (or their end) to read, waiting
-    up to ``timeout`` seconds (``poll``: any number of descriptors)."""
+    """Those of ``sockets`` with bytes (or their end) to read within ``timeout`` s."""
     if not hasattr(select, "poll"):
         return select.select(sockets, [], [], timeout)[0]
     poller, by_descriptor = select.poll(), {}
@@ -475,57 +462,62 @@ def _readable(sockets, timeout):
 
 
 def _report(host, port, num_processes, process_id, deadline, timeout_s, where):
+    """The other processes' side: connects to process 0 until it answers."""
     _say(f"waiting for process 0 at {where}, up to {timeout_s:g} s")
     heard = None  # what answered at the port last, if not process 0's roll call
     announced = []
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise PeersMissing(_no_answer(num_processes, where, timeout_s, heard))
+            what = {"grpc": ": a gRPC server holds that port (JAX's coordination service: "
+                            "process 0 began without this process, or another run uses the "
+                            "port)",
+                    "other": ": another program holds that port"}.get(heard, "")
+            raise PeersMissing(
+                f"process 0 of {num_processes} did not answer at {where} within {timeout_s:g} "
+                f"s{what}; start it there (--process_id=0), or raise "
+                f"--initialization_timeout_s")
         try:
-            connection = socket.create_connection((host, port), timeout=min(left, 5.0))
-        except OSError:
-            time.sleep(min(0.5, max(left, 0)))
-            continue
-        try:
-            banner = _read_banner(connection, deadline)
-            if banner in ("grpc", "other"):
-                heard = banner
-            elif banner is not None:
-                heard = None
-                waiting = _greet(connection, banner, num_processes, process_id, deadline,
-                                 where, announced)
-                if waiting is True:
-                    return
-                if waiting and time.monotonic() >= deadline:
-                    raise PeersMissing(_not_connected(waiting, num_processes, where,
-                                                      f"{timeout_s:g} s"))
+            with socket.create_connection((host, port), timeout=min(left, 5.0)) as connection:
+                banner = _read_banner(connection, deadline)
+                if banner in ("grpc", "other"):
+                    heard = banner
+                elif banner is not None:
+                    heard = None
+                    waiting = _greet(connection, banner, num_processes, process_id, deadline,
+                                     where, announced)
+                    if waiting is True:
+                        return
+                    if waiting and time.monotonic() >= deadline:
+                        raise PeersMissing(_not_connected(waiting, num_processes, where,
+                                                          f"{timeout_s:g} s"))
         except OSError:
             pass
-        finally:
-            connection.close()
-        # Process 0 went away (or another program answered): try again.
+        # Not listening yet, gone, or another program answered: try again.
         time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
 
 
 def _greet(connection, banner, num_processes, process_id, deadline, where, announced):
-    """Greets process 0 (whose ``banner`` is ``(num_processes, nonce)``) and
-    reads its lines until its ``ok`` (returns ``True``), the connection's
-    end or ``deadline`` (returns the processes process 0 said it waits
-    for, ``None`` if it said nothing).  Says once (``announced``) whom it
-    waits for with process 0.
-
-    Raises:
-        PeersMissing: process 0 stopped waiting (names whom it missed).
-        ValueError: process 0 refused this process (another
-            ``num_processes``, or ``process_id`` taken).
-    """
+    """Greets process 0 (its ``banner``: ``(num_processes, nonce)``); ``True``
+    at its ``ok``, else (its end, ``deadline``, a line not of a roll call) the
+    processes it said it waits for, or ``None``.  Says once (``announced``)
+    whom it waits for with process 0; raises as :func:`roll_call` does."""
     connection.settimeout(max(deadline - time.monotonic(), 0.001))
     connection.sendall(f"{_GREETING} {process_id} {num_processes} {banner[1]}\n".encode())
-    lines, waiting = _Lines(connection), None
+    buffer, waiting = b"", None
     while True:
-        line = lines.next(deadline)
-        words = line.split() if line else []
+        while b"\n" not in buffer and len(buffer) <= _LINE_BYTES:
+            data = _receive(connection, deadline)
+            if not data:
+                return waiting
+            buffer += data
+        if b"\n" not in buffer:
+            return waiting
+        line, buffer = buffer.split(b"\n", 1)
+        try:
+            words = line.decode("ascii").split()
+        except UnicodeDecodeError:
+            return waiting
         if words == ["ok"]:
             return True
         if words[:1] == ["refused"]:
@@ -541,168 +533,64 @@ def _greet(connection, banner, num_processes, process_id, deadline, where, annou
             ids = _parse_ranges(words[1], num_processes)
             within = float(words[2]) if words[0] == "missing" else None
         except (IndexError, ValueError):
-            return waiting  # its end, the deadline, or not process 0 of this package
+            return waiting
         if words[0] == "missing":  # process 0 stopped waiting
             raise PeersMissing(_not_connected(ids, num_processes, where, f"{within:g} s"))
         if words[0] == "waiting":
             waiting = ids
             if not announced:
                 announced.append(True)
-                _say(f"process 0 answered at {where}; waiting with it for "
-                     f"process{'es' if len(ids) > 1 else ''} "
-                     f"{_ranges(ids).replace(',', ', ')} of {num_processes}")
-
-
-class _Lines:
-    """The lines process 0 sends, each read bounded by the deadline."""
-
-    def __init__(self, connection):
-        self.connection, self.buffer = connection, b""
-
-    def next(self, deadline):
-        """The next line (text), or ``None`` at the connection's end, at
-        ``deadline``, or for bytes that are not a line of ASCII text."""
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > _LINE_BYTES:
-                return None
-            data = _receive(self.connection, deadline)
-            if not data:
-                return None
-            self.buffer += data
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        try:
-            return line.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-
-
-def _no_answer(num_processes, where, timeout_s, heard):
-    what = {
-        "grpc": ": a gRPC server holds that port (JAX's coordination service: process 0 "
-                "began without this process, or another run uses the port)",
-        "other": ": another program holds that port",
-    }.get(heard, "")
-    return (f"process 0 of {num_processes} did not answer at {where} within {timeout_s:g} "
-            f"s{what}; start it there (--process_id=0), or raise --initialization_timeout_s")
-
-
-def initialize(coordinator_address=None, num_processes=None, process_id=None,
-               timeout_s=INITIALIZATION_TIMEOUT_S):
-    """Connects this process to the others of its run, before any JAX
-    computation.
-
-    With the three arguments (the names of ``jax.distributed.initialize``'s
-    own), this process is ``process_id`` of ``num_processes`` and process 0
-    serves the coordinator at ``coordinator_address``.  With none, a SLURM or
-    Open MPI job of several tasks is detected by JAX itself; a Cloud TPU
-    slice needs nothing (its hosts find each other); anything else is one
-    process.  On CPUs the processes exchange gradients over Gloo.
-
-    ``timeout_s``: how long the processes wait for each other (with the
-    three arguments, :func:`roll_call` names those that do not come); seconds
-    > 0, at most ``MAX_TIMEOUT_S`` (:func:`check_timeout`).
-
-    Returns the number of processes.
-
-    Raises:
-        PeersMissing: processes that do not meet in time (one line).
-        ValueError: bad arguments, or JAX's own connection failing (one line).
-    """
-    import jax
-
-    timeout_s = check_timeout(timeout_s)
-    explicit = check_arguments(coordinator_address, num_processes, process_id)
-    cluster = None if explicit else _environment_cluster()
-    if not explicit and cluster is None:
-        return jax.process_count()
-    if explicit and num_processes == 1:
-        return 1
-    if explicit and process_id == 0:
-        check_port_free(coordinator_address)
-    if explicit:
-        roll_call(coordinator_address, num_processes, process_id, timeout_s)
-    # CPU processes all-reduce through Gloo (the default has no cross-process
-    # collectives); GPUs and TPUs use their own.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    arguments = dict(coordinator_address=coordinator_address, num_processes=num_processes,
-                     process_id=process_id) if explicit else {}
-    try:
-        jax.distributed.initialize(**arguments, initialization_timeout=math.ceil(timeout_s),
-                                   heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
-    except (RuntimeError, ValueError) as error:
-        where = (f"--coordinator_address={coordinator_address} as process {process_id} of "
-                 f"{num_processes}" if explicit else f"the {cluster} job")
-        raise ValueError(f"the processes did not connect ({where}): "
-                         f"{' '.join(str(error).split())[:200]}") from None
-    return jax.process_count()
+                _say(f"process 0 answered at {where}; waiting with it for {_processes(ids)} "
+                     f"of {num_processes}")
 
 
 def check_port_free(coordinator_address):
-    """Raises ``ValueError`` (one line) when process 0 cannot serve the
-    coordinator at ``coordinator_address`` because its port is taken: by
-    another process 0 (its roll call answers), by a gRPC server (JAX's
-    coordination service of a run under way) or by another program (JAX's
-    coordination service would crash the process instead)."""
-    port = int(coordinator_address.rsplit(":", 1)[1])
+    """``ValueError`` (one line) when process 0's port is taken: by another
+    process 0 (its roll call answers), a gRPC server (JAX's coordination
+    service) or another program (JAX's own error: "Failed to start RPC server")."""
     family = socket.AF_INET6 if coordinator_address.startswith("[") else socket.AF_INET
     try:
-        probe = socket.socket(family, socket.SOCK_STREAM)
+        _listen(family, int(coordinator_address.rsplit(":", 1)[1]),
+                f"--coordinator_address={coordinator_address}").close()
     except OSError:
-        return  # no such address family here: jax.distributed says what fails
+        pass  # not taken (no such address family here): jax.distributed says what fails
+
+
+def _listen(family, port, where):
+    """Process 0's listening socket; ``ValueError`` (one line saying by
+    what) when the port is taken or forbidden."""
+    server = socket.socket(family, socket.SOCK_STREAM)
     try:
         # A port left in TIME_WAIT by an earlier run is free to listen on.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("", port))
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("", port))
+        server.listen(socket.SOMAXCONN)
+        server.setblocking(False)
+        return server
     except OSError as error:
-        _port_taken(error, family, port, f"--coordinator_address={coordinator_address}")
-    finally:
-        probe.close()
-
-
-def _port_taken(error, family, port, where):
-    """Raises ``ValueError`` (one line saying by what) when ``error``, from
-    binding ``port``, says it is taken or forbidden."""
-    if error.errno == errno.EACCES:
-        raise ValueError(f"{where}: port {port} may not be used by this user; process 0 "
-                         f"serves the coordinator there: choose a free port (the same "
-                         f"--coordinator_address for every process).") from None
-    if error.errno != errno.EADDRINUSE:
-        return
-    holder = _holder(family, port)
+        server.close()
+        if error.errno == errno.EACCES:
+            raise ValueError(f"{where}: port {port} may not be used by this user; process 0 "
+                             f"serves the coordinator there: choose a free port (the same "
+                             f"--coordinator_address for every process).") from None
+        if error.errno != errno.EADDRINUSE:
+            raise
+    holder = None  # what answers there, as _read_banner says (a probe that
+    try:           # hangs up without greeting, which process 0 ignores)
+        loopback = "::1" if family == socket.AF_INET6 else "127.0.0.1"
+        with socket.create_connection((loopback, port), timeout=1.0) as connection:
+            holder = _read_banner(connection, time.monotonic() + 1.0)
+    except OSError:
+        pass
     if isinstance(holder, tuple):
         raise ValueError(
             f"{where}: port {port} is held by another process 0 (its roll call for "
             f"{holder[0]} processes is under way there): this run's process 0 runs already, "
             f"or another run uses the port; start one process 0 per run, and give each run "
             f"a port of its own (the same --coordinator_address for every process of a "
-            f"run).") from None
+            f"run).")
     what = ("is in use by a gRPC server (JAX's coordination service of a run under way?)"
             if holder == "grpc" else "is in use by another program")
     raise ValueError(f"{where}: port {port} {what}; process 0 serves the coordinator there: "
                      f"choose a free port (the same --coordinator_address for every "
-                     f"process).") from None
-
-
-def _holder(family, port, timeout_s=1.0):
-    """What answers at ``port`` on this machine: as :func:`_read_banner`
-    says (the probe hangs up without greeting, which process 0 ignores)."""
-    loopback = "::1" if family == socket.AF_INET6 else "127.0.0.1"
-    try:
-        connection = socket.create_connection((loopback, port), timeout=timeout_s)
-    except OSError:
-        return None
-    try:
-        return _read_banner(connection, time.monotonic() + timeout_s)
-    except OSError:
-        return None
-    finally:
-        connection.close()
-
-
-def lost_peer(error):
-    """Whether ``error`` (raised by a collective) says another process of the
-    run died or became unreachable."""
-    text = str(error)
-    return any(marker in text for marker in (
-        "Gloo", "heartbeat", "Connection reset by peer", "UNAVAILABLE",
-        "coordination service", "Connection refused"))
+                     f"process).")
