@@ -77,7 +77,7 @@ def _table1_report(rows, epochs_flag, train_examples):
                      f"{best} ({mean} ± {std}) | {ours - mean:+.2f} |")
     epochs = sorted({r["epochs"] for r in rows})
     hours = sum(r["seconds"] for r in rows) / 3600
-    from keras_identity.training import get_recipe
+    from keras_identity.recipes import get_recipe
 
     recipe_epochs = get_recipe("highway_mnist_conv").epochs
     scale = (f"the paper's scale: all 60,000 training images, the recipe's {recipe_epochs} "

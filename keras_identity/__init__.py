@@ -50,6 +50,7 @@ from keras_identity import data  # noqa: E402
 from keras_identity import initializers  # noqa: E402
 from keras_identity import layers  # noqa: E402
 from keras_identity import models  # noqa: E402
+from keras_identity import recipes  # noqa: E402
 from keras_identity import training  # noqa: E402
 from keras_identity import analysis  # noqa: E402
 from keras_identity.version import __version__  # noqa: E402,F401

@@ -10,7 +10,7 @@ iterations = 50% and 75%), so ``--epochs``/``--train_steps`` shorten or
 lengthen the whole schedule.
 
 Weight decay is applied as in the authors' Torch code: added to the gradient
-before momentum, for every parameter (:class:`MomentumSGD`), which equals an
+before momentum, for every parameter (:class:`keras_identity.training.MomentumSGD`), which equals an
 L2 penalty ``wd/2 ||w||^2`` in the loss.
 
 The recipes are the papers' numbers and plain Python: the model builders read

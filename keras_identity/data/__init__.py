@@ -3,7 +3,8 @@
 Two input pipelines produce the same streams of global batches: tf.data
 (:mod:`~keras_identity.data.pipeline`, the TensorFlow route; it needs
 TensorFlow) and NumPy batches in a ``keras.utils.PyDataset``
-(:mod:`~keras_identity.data.arrays`, the JAX route; no TensorFlow).
+(:mod:`~keras_identity.data.arrays`, the JAX route; no TensorFlow);
+:mod:`~keras_identity.data.streams` gives a run the one of its backend.
 """
 
 from keras_identity.data.arrays import EvalBatches

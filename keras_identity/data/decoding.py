@@ -133,4 +133,3 @@ def _raise_for_bad_image(encoded, channels, names, source):
             raise DataError(f"{source}: {name} is not a readable image "
                             f"({first_line(error.message)}); {EXPECTED_IMAGE}.") from None
         _note_size(sizes, image.shape, name, source)
-

@@ -1,6 +1,6 @@
 """The refusal of a data source: :class:`DataError`, one line that names
 the file or folder and says what to do, and how it crosses tf.data
-(:func:`as_data_error`)."""
+(:func:`as_data_error`); :func:`first_line` of any error, for messages."""
 
 
 class DataError(ValueError):

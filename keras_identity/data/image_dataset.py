@@ -1,6 +1,6 @@
 """What a loaded dataset is: :class:`ImageDataset` (in-memory uint8
 arrays, image files, or tensorflow_datasets streams), with its validation
-split and subsets."""
+split and subsets; :func:`expand_gray` gives gray images their channel axis."""
 
 import dataclasses
 
@@ -102,4 +102,3 @@ def expand_gray(x):
     """Images ``x`` as :class:`ImageDataset` holds them: ``(n, h, w)`` gray
     images given their channel axis, ``(n, h, w, 1)``; others as they are."""
     return x[..., None] if x.ndim == 3 else x
-

@@ -4,7 +4,9 @@
 tree is listed (class folders may be links to folders; links that loop or
 lead nowhere are refused), and how a tree's images become a dataset:
 ImageNet as lists of files, others decoded into memory (:func:`assemble`,
-also for the archives of :mod:`~keras_identity.data.archives`)."""
+also for the archives of :mod:`~keras_identity.data.archives`); an image
+file's bytes, with the one-line refusals (:func:`read_file`, which the JAX
+route also reads its files through)."""
 
 import errno
 import os
@@ -227,5 +229,3 @@ def from_folder(root, name):
         for cls, path in entries:
             items[split].append((cls, read_file(path), os.path.relpath(path, root)))
     return assemble(name, root, items, dataset_channels(name))
-
-

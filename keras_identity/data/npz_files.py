@@ -113,4 +113,3 @@ def from_npz(path, name):
         name=name, num_classes=num_classes, class_names=[str(i) for i in range(num_classes)],
         image_shape=tuple(x_train.shape[1:]), source=source, x_train=x_train,
         y_train=y_train, x_test=x_test, y_test=y_test, fingerprint=fingerprint(path))
-

@@ -176,4 +176,3 @@ def pillow_pixels(picture, channels, gamma=None):
         return libpng_gray(np.asarray(picture.convert("RGB")), gamma)[..., None]
     image = np.asarray(picture.convert("L" if channels == 1 else "RGB"), np.uint8)
     return image[..., None] if image.ndim == 2 else image
-

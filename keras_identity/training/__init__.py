@@ -1,4 +1,5 @@
-"""Training: the configuration, recipes, schedules, the optimizer, strategies and the loop."""
+"""Training: the configuration, schedules, the optimizer, strategies and the loop (the
+papers' recipes it runs: :mod:`keras_identity.recipes`)."""
 
 from keras_identity.training.callbacks import TrainingDiverged
 from keras_identity.training.checkpoints import Checkpointer
@@ -9,9 +10,6 @@ from keras_identity.training.plots import plot_errors
 from keras_identity.training.plots import plot_runs
 from keras_identity.training.preemption import STOP_STATUS
 from keras_identity.training.preemption import Stopped
-from keras_identity.recipes import RECIPES
-from keras_identity.recipes import get_recipe
-from keras_identity.recipes import resolve
 from keras_identity.training.schedules import ExponentialDecay
 from keras_identity.training.schedules import WarmupStepDecay
 from keras_identity.training.strategies import get_strategy

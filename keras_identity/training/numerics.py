@@ -5,12 +5,13 @@ determinism (``--deterministic``)."""
 import keras
 
 
-def setup_precision_and_seed(config):
-    """The run's Keras dtype policy and seeds (every backend's), and op
-    determinism on TensorFlow."""
-    keras.config.set_dtype_policy(config.precision)
-    keras.utils.set_random_seed(config.seed)
-    set_op_determinism(config.deterministic)
+def setup_precision_and_seed(precision, seed, deterministic):
+    """The run's Keras dtype policy (``precision``), the seeds of every
+    backend and of Python and NumPy (``seed``), and op determinism on
+    TensorFlow (``deterministic``)."""
+    keras.config.set_dtype_policy(precision)
+    keras.utils.set_random_seed(seed)
+    set_op_determinism(deterministic)
 
 
 def set_op_determinism(enabled):
@@ -29,4 +30,3 @@ def set_op_determinism(enabled):
 
     if tf_config.is_op_determinism_enabled():
         tf_config.disable_op_determinism()
-

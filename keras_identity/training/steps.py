@@ -106,4 +106,3 @@ def check_distributed_step(jit_compile, strategy, steps_per_execution):
         raise ValueError(f"steps_per_execution={steps_per_execution} is not valid with {where} "
                          f"on TensorFlow (Keras's multi-step loop fails on distributed "
                          f"iterators, keras-team/keras#19246); use 1, or --backend=jax.")
-

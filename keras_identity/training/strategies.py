@@ -8,6 +8,7 @@ the variables are replicated on every device (TPU cores, GPUs, or virtual CPU
 devices, of one process or of every process of a ``jax.distributed`` run) and
 each global batch is split along its first axis, as
 ``MirroredStrategy``/``TPUStrategy`` split it over replicas.
+:func:`input_placement` says where a run's input streams go on a strategy.
 """
 
 import contextlib

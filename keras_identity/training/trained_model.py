@@ -38,13 +38,13 @@ def build_model(config, data, seed=None, normalization=None):
     return builder.function(**kwargs)
 
 
-def make_optimizer(recipe, schedule, config):
+def make_optimizer(recipe, schedule, momentum, weight_decay):
     """The run's optimizer: momentum SGD with ``recipe``'s learning-rate
-    schedule resolved for ``schedule``, and ``config``'s momentum and weight
-    decay (the flags, else the recipe's)."""
-    momentum, decay = config.momentum_and_decay(recipe)
+    schedule resolved for ``schedule``, its ``momentum`` and ``weight_decay``
+    (:meth:`~keras_identity.training.config.TrainConfig.momentum_and_decay`:
+    the flags, else the recipe's)."""
     return MomentumSGD(schedules.from_recipe(recipe, schedule), momentum=momentum,
-                       nesterov=recipe.nesterov, coupled_weight_decay=decay)
+                       nesterov=recipe.nesterov, coupled_weight_decay=weight_decay)
 
 
 def compile_model(model, optimizer, jit_compile=False, steps_per_execution=1):

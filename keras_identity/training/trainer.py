@@ -103,7 +103,8 @@ def prepare(config, strategy=None):
                 config.intra_op_threads, config.batch_size or config.get_recipe().batch_size,
                 accelerator=strategy is not None or strategies.accelerators_present(
                     config.strategy, config.tpu))
-        numerics.setup_precision_and_seed(config)
+        numerics.setup_precision_and_seed(config.precision, config.seed,
+                                          config.deterministic)
         if strategy is None:
             strategy = strategies.get_strategy(config.strategy, config.tpu)
         chief = strategies.is_chief(strategy)
@@ -237,8 +238,10 @@ def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
         # jit_compile would wrap the distributed call in a second one).
         jit_compile = config.jit_compile and not (
             keras.backend.backend() == "tensorflow" and strategies.is_tpu(strategy))
-        trained_model.compile_model(model, trained_model.make_optimizer(recipe, schedule, config),
-                                    jit_compile, steps_per_execution=steps_per_execution)
+        optimizer = trained_model.make_optimizer(recipe, schedule,
+                                                 *config.momentum_and_decay(recipe))
+        trained_model.compile_model(model, optimizer, jit_compile,
+                                    steps_per_execution=steps_per_execution)
         try:
             state = checkpointer.restore(model, state) if state is not None else None
             # A process that had to skip an unreadable checkpoint restored an

@@ -33,7 +33,6 @@ OBJECTIVES = {
 }
 
 
-
 @dataclasses.dataclass
 class SearchConfig:
     """A hyper-parameter search (the ``keras-identity-tune`` flags).
@@ -144,12 +143,11 @@ class SearchConfig:
                          for name, v in self.space.items())
 
 
-
 def describe_values(values):
+    """A trial's values in words: ``gate bias -2, depth 20``."""
     return ", ".join(f"{'gate bias' if k == 'gate_bias_init' else k} "
                      f"{v:g}" if isinstance(v, float) else f"{k} {v}"
                      for k, v in values.items())
-
 
 
 SEARCH_FILE = "search.json"
@@ -186,7 +184,6 @@ def search_identity(search, data, recipe):
         "momentum": config.momentum, "weight_decay": config.weight_decay,
         "lr_decay": config.lr_decay, "warmup_steps": config.warmup_steps,
         "steps_per_epoch": config.steps_per_epoch, "deterministic": config.deterministic}
-
 
 
 def check_same_search(directory, identity):

@@ -127,8 +127,8 @@ def _check_space(config, space):
         what = ("" if has_gate_bias(config) else
                 f"{_model_words(config)} has no gate bias to search; ")
         raise ConfigError(f"the search space is empty: {what}give at least one of "
-                                  f"gate_biases, learning_rates, momentums, lr_decays, "
-                                  f"activations, weight_decays, depths.")
+                          f"gate_biases, learning_rates, momentums, lr_decays, "
+                          f"activations, weight_decays, depths.")
     for name in space:
         if name == "depth":   # the configuration's depth is the default one
             continue
@@ -137,7 +137,7 @@ def _check_space(config, space):
                  if name in BUILDER_DIMENSIONS else getattr(config, name) is not None)
         if given:
             raise ConfigError(f"{name} is both fixed and searched ({FLAG_NAMES[name]}); "
-                                      f"give one of them.")
+                              f"give one of them.")
     if "gate_bias_init" in space and not has_gate_bias(config):
         if config.family in ("resnet", "preact_resnet"):
             shortcut = config.model_kwargs.get("shortcut")
@@ -228,15 +228,16 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         (Keras Tuner's ``clear_session`` before each build also clears the
         dtype policy)."""
         config = self.trial_config(hp)
-        numerics.setup_precision_and_seed(config)
+        numerics.setup_precision_and_seed(config.precision, config.seed, config.deterministic)
         schedule = self.schedule
         if config.learning_rate is not None:
             schedule = dataclasses.replace(schedule, learning_rate=config.learning_rate)
         model = trained_model.build_model(config, self.data, seed=config.seed,
-                                    normalization=self.normalization)
-        return trained_model.compile_model(model, trained_model.make_optimizer(config.get_recipe(),
-                                                                   schedule, config),
-                                     config.jit_compile)
+                                          normalization=self.normalization)
+        recipe = config.get_recipe()
+        optimizer = trained_model.make_optimizer(recipe, schedule,
+                                                 *config.momentum_and_decay(recipe))
+        return trained_model.compile_model(model, optimizer, config.jit_compile)
 
     # Set by the search (keras_identity.tuning.search.run_search): how a trial
     # resumes and stops (a keras_identity.tuning.progress.TrialProgress); None:

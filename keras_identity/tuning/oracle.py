@@ -30,11 +30,11 @@ class _TimedTrials:
 
     The record is written after the oracle has ended and saved the trial, so
     a trial listed in the file is also complete on disk when a search is
-    killed and resumed.  With the tuner's ``folder`` (a :class:`TunerFolder`),
+    killed and resumed.  With the tuner's ``folder`` (a :class:`~keras_identity.tuning.staging.TunerFolder`),
     the tuner's files are published when a trial starts and ends.
 
-    With the hypermodel's ``progress`` (a :class:`TrialProgress`), a trial
-    does not start once a stop signal has arrived (:class:`SearchStopped`),
+    With the hypermodel's ``progress`` (a :class:`~keras_identity.tuning.progress.TrialProgress`), a trial
+    does not start once a stop signal has arrived (:class:`~keras_identity.tuning.progress.SearchStopped`),
     a trial whose progress folder cannot be read is run again from its
     start, the folder removed (it is the trial's own scratch), and a trial
     that fails says so in one line (Keras Tuner keeps the traceback in the
@@ -112,7 +112,6 @@ class _TimedTrials:
             folder.publish()
 
 
-
 class GridOracle(keras_tuner.Oracle):
     """Every combination of the (all-``Choice``) space, in order.
 
@@ -133,7 +132,6 @@ class GridOracle(keras_tuner.Oracle):
         return {"status": "STOPPED", "values": None}
 
 
-
 _TUNER_CLASSES = {
     "grid": type("GridSearch", (_TimedTrials, keras_tuner.Tuner), {}),
     "random": type("RandomSearch", (_TimedTrials, keras_tuner.RandomSearch), {}),
@@ -143,8 +141,9 @@ _TUNER_CLASSES = {
 }
 
 
-
 def make_tuner(search, hypermodel, strategy, directory):
+    """The Keras Tuner of ``search.tuner`` for ``hypermodel``, its files in
+    ``directory``, its trials judged by ``search.objective``."""
     objective = OBJECTIVES[search.objective]
     common = dict(objective=objective, directory=directory, project_name=PROJECT,
                   overwrite=False, seed=search.train.seed,
@@ -164,7 +163,6 @@ def make_tuner(search, hypermodel, strategy, directory):
     return cls(hypermodel, max_trials=max_trials, **common)
 
 
-
 def failed_without_result(trial):
     """Whether ``trial`` ended FAILED with no result: an error, not a
     diverged loss (a NaN objective under ``train_loss`` also ends FAILED,
@@ -172,12 +170,10 @@ def failed_without_result(trial):
     return trial.status == "FAILED" and not trial.metrics.exists("val_accuracy")
 
 
-
 def failure(trial):
     """The last line of a failed trial's traceback (Keras Tuner keeps it)."""
     lines = [line.strip() for line in (trial.message or "").splitlines() if line.strip()]
     return " ".join(lines[-1].split())[:200] if lines else "no message recorded"
-
 
 
 def retry_failed(tuner, print_fn):

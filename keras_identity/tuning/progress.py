@@ -31,7 +31,6 @@ class SearchStopped(preemption.Stopped):
         self.directory, self.saved, self.phase = directory, saved, phase
 
 
-
 class UnreadableProgress(Exception):
     """A trial's progress folder holds checkpoints none of which can be read
     (``directory``; ``error``: the :class:`checkpoints.CheckpointError`)."""
@@ -39,7 +38,6 @@ class UnreadableProgress(Exception):
     def __init__(self, directory, error):
         super().__init__(str(error))
         self.directory, self.error = directory, error
-
 
 
 class TrialProgress:
@@ -117,7 +115,6 @@ class TrialProgress:
                 f"same command to resume; the search continues with this trial", "trial",
                 self.signals.received, stop.stopped, epoch, None, saved=False)
         return history
-
 
 
 class _StopUnsaved(keras.callbacks.Callback):

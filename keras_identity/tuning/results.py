@@ -56,14 +56,12 @@ def trial_rows(tuner, objective="val_error"):
     return rows
 
 
-
 def _divergence(loss):
     """The note of a trial whose last training loss is not finite (as the
     trainer's StopOnNaN judges a run), else ''."""
     if math.isnan(loss):
         return "diverged (NaN loss)"
     return "diverged (infinite loss)" if math.isinf(loss) else ""
-
 
 
 def row_score(row, objective):
@@ -73,16 +71,14 @@ def row_score(row, objective):
     return value if value == value else float("inf")
 
 
-
 def row_failed(row):
+    """Whether the trial of ``row`` failed (its note says so)."""
     return row["note"].startswith("failed")
-
 
 
 def row_values(row):
     """The searched values of a row."""
     return {k: row[k] for k in DIMENSIONS if k in row}
-
 
 
 def write_results(rows, directory, title="", objective="val_error"):
@@ -127,11 +123,9 @@ def write_results(rows, directory, title="", objective="val_error"):
     return table
 
 
-
 _AXIS = {"gate_bias_init": "initial gate bias b_g", "learning_rate": "learning rate",
          "val_error": "validation error (%)", "train_error": "best training error (%)",
          "train_loss": "best training loss (cross-entropy)"}
-
 
 
 def plot_name(rows, objective="val_error"):
@@ -141,14 +135,12 @@ def plot_name(rows, objective="val_error"):
     return f"{objective}_vs_{'gate_bias' if x == 'gate_bias_init' else x}.png"
 
 
-
 def _plot_axis(rows):
     searched = [n for n in DIMENSIONS if n in rows[0] and n != "activation"]
     for name in ("gate_bias_init", "learning_rate"):
         if name in searched:
             return name
     return searched[0] if searched else "activation"
-
 
 
 def _plot(rows, path, title, objective="val_error"):

@@ -57,7 +57,6 @@ class TrialsFailed(RuntimeError):
     says why); running the same search again retries them."""
 
 
-
 def run_search(search, print_fn=print):
     """Runs (or continues) ``search``; returns rows, the best values and paths.
 
@@ -87,12 +86,12 @@ def run_search(search, print_fn=print):
         return _run_search(search, print_fn, cleanup)
 
 
-
 def _run_search(search, print_fn, cleanup):
     search.validate()
     config = search.train
     try:
-        numerics.setup_precision_and_seed(config)
+        numerics.setup_precision_and_seed(config.precision, config.seed,
+                                          config.deterministic)
         strategy = strategies.get_strategy(config.strategy, config.tpu)
         if getattr(strategy, "process_count", 1) > 1:
             raise ValueError(f"the search runs in one process; this JAX program runs in "
@@ -198,8 +197,9 @@ def _run_search(search, print_fn, cleanup):
         print_fn(table)
         failed = [r for r in rows if row_failed(r)]
         if failed or gave_up:
-            listed = "; ".join(f"trial {r['trial']} ({describe_values(row_values(r))}): {r['note']}"
-                               for r in failed)
+            listed = "; ".join(
+                f"trial {r['trial']} ({describe_values(row_values(r))}): {r['note']}"
+                for r in failed)
             raise TrialsFailed(
                 f"{len(failed)} of {len(rows)} trials failed ({listed})"
                 + (f"; Keras Tuner ended the search ({gave_up})" if gave_up else "")
@@ -263,7 +263,6 @@ def _run_search(search, print_fn, cleanup):
                 f"{retrain.epochs} epochs: test error "
                 f"{100 * outcome['test_error']:.2f}%.\n")
     return result
-
 
 
 def _append(path, text):

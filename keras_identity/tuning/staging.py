@@ -14,7 +14,6 @@ RECORDS = "records_per_trial.json"
 PROJECT = "search"   # Keras Tuner's folder in model_dir (its project_name)
 
 
-
 class TunerFolder:
     """Where Keras Tuner keeps a search's state: ``<model_dir>/search``.
 

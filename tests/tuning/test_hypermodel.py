@@ -2,10 +2,10 @@ import keras_tuner
 import numpy as np
 import pytest
 
+from keras_identity.recipes import get_recipe
+from keras_identity.recipes import resolve
 from keras_identity.training import ConfigError
 from keras_identity.training import TrainConfig
-from keras_identity.training import get_recipe
-from keras_identity.training import resolve
 from keras_identity.training import run_data
 from keras_identity.tuning import DEFAULT_GATE_BIASES
 from keras_identity.tuning import Range
