@@ -23,6 +23,7 @@ rows are left out.
 """
 
 import os
+import shutil
 import statistics
 import time
 
@@ -66,32 +67,56 @@ def _size():
     return width, height
 
 
+def _made_tree(folder, stamp, count):
+    """Whether ``folder`` is the tree :func:`make_folder` made with ``stamp``:
+    ``train/`` with ``count`` images, ``val/`` and the stamp, nothing else."""
+    if sorted(os.listdir(folder)) != sorted(["train", "val", stamp]):
+        return False
+    images = sum(len(files) for _, _, files in os.walk(os.path.join(folder, "train")))
+    return images == count and os.path.isdir(os.path.join(folder, "val"))
+
+
 def make_folder(folder, data_dir, count, size):
     """An image folder ``train/<class>/<i>.jpg`` (and a small ``val``) of
     ``count`` CIFAR-10 training images drawn at random (every class)
-    upscaled to ``size`` (JPEG quality 90), made once: an existing folder of
-    the same size and count is kept."""
+    upscaled to ``size`` (JPEG quality 90), made once: a tree made before
+    with the same count and size is kept (checked, not trusted to its stamp).
+    The tree is made in ``<folder>.partial`` and renamed into place whole, so
+    an interrupted make leaves no tree behind; a folder holding anything
+    else is refused (``app.UsageError``)."""
     import numpy as np
     from PIL import Image
 
     from keras_identity.data import load_dataset
 
-    stamp = os.path.join(folder, f"made-{count}-{size[0]}x{size[1]}")
-    if os.path.exists(stamp):
-        return folder
+    stamp = f"made-{count}-{size[0]}x{size[1]}"
+    folder = os.path.normpath(folder)
+    if os.path.isdir(folder) and os.listdir(folder):
+        if _made_tree(folder, stamp, count):
+            return folder
+        raise app.UsageError(f"--folder={folder} holds files this benchmark did not make "
+                             f"(or made for another --images/--image_size): expected an empty "
+                             f"or new folder, or one holding train/, val/ and {stamp} only")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise app.UsageError(f"--folder={folder} is not a folder; expected a new or empty one")
     cifar = load_dataset("cifar10", data_dir)
     order = np.random.default_rng(0).permutation(cifar.num_train)
     train = order[:count]
     # Validation images of the training classes only (each needs training images).
     val = [i for i in order[count:] if cifar.y_train[i] in set(cifar.y_train[train])][:20]
+    partial = folder + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)   # what an interrupted make left
     for split, chosen in (("train", train), ("val", val)):
         for i in chosen:
             label = int(cifar.y_train[i])
-            path = os.path.join(folder, split, cifar.class_names[label], f"{i}.jpg")
+            path = os.path.join(partial, split, cifar.class_names[label], f"{i}.jpg")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             Image.fromarray(cifar.x_train[i]).resize(size, Image.BICUBIC).save(path,
                                                                               quality=90)
-    open(stamp, "w").close()
+    open(os.path.join(partial, stamp), "w").close()
+    if os.path.isdir(folder):
+        os.rmdir(folder)   # empty
+    os.rename(partial, folder)
     return folder
 
 

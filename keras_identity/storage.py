@@ -93,16 +93,37 @@ def is_remote(path):
 
 def check_path(path, name="model_dir"):
     """Refuses (``ValueError``, one line naming ``name``) a URL of a store
-    this package cannot reach, or one whose client is not installed."""
+    this package cannot reach, or one whose client is not installed; a
+    store's name mistyped so that it would be a local folder (``gs:/b/x``,
+    ``gs:b/x``); and a bucket path that other spellings also name: an
+    upper-case scheme, empty, ``.`` or ``..`` parts (``gs://b//x``,
+    ``gs://b/./x``, ``gs://b/a/../x``), which the stores take literally as
+    object names while :func:`normalize` folds them."""
+    path = os.fspath(path)
+    typo = re.match(r"([A-Za-z][A-Za-z0-9]*):(?!//)", path)
+    if typo and typo.group(1).lower() in _PACKAGES:
+        raise ValueError(f"{name}={path!r} is not a bucket URL ({typo.group(1)}: takes "
+                         f"'//') and would be a local folder named {typo.group(0)!r}; "
+                         f"expected {typo.group(1).lower()}://BUCKET/path (a local folder "
+                         f"of that name: ./{path})")
     found = scheme(path)
     if found is None:
         return
     if found not in _PACKAGES:
         raise ValueError(f"{name}={path!r}: {found}:// is not a store this package writes to; "
                          f"expected a local path, gs://BUCKET/... or s3://BUCKET/...")
-    bucket = path.split("://", 1)[1].split("/", 1)[0]
+    head, rest = path.split("://", 1)
+    if head != found:
+        raise ValueError(f"{name}={path!r}: the scheme is written in lower case; expected "
+                         f"{found}://{rest}")
+    bucket, _, objects = rest.partition("/")
     if not bucket:
         raise ValueError(f"{name}={path!r} names no bucket; expected {found}://BUCKET/path")
+    parts = objects[:-1].split("/") if objects.endswith("/") else objects.split("/")
+    if objects and any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{name}={path!r}: a bucket path has no empty, '.' or '..' parts "
+                         f"(the store would take them as object names); expected "
+                         f"{normalize(path)}")
     if found == "gs" and not (
             re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket)
             and ("." in bucket or len(bucket) <= 63)

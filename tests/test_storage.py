@@ -67,6 +67,34 @@ def test_check_path_refuses_other_schemes_and_a_missing_bucket():
     storage.check_path("relative/run")
 
 
+@pytest.mark.parametrize("path, expected", [
+    ("gs:/bucket/x", r"'gs:/bucket/x' is not a bucket URL \(gs: takes '//'\) and would be a "
+                     r"local folder named 'gs:'; expected gs://BUCKET/path \(a local folder of "
+                     r"that name: \./gs:/bucket/x\)"),
+    ("gs:bucket/x", r"would be a local folder named 'gs:'; expected gs://BUCKET/path"),
+    ("S3:b/x", r"'S3:b/x' is not a bucket URL \(S3: takes '//'\).* expected s3://BUCKET/path"),
+    ("GS://bucket/x", r"'GS://bucket/x': the scheme is written in lower case; expected "
+                      r"gs://bucket/x$"),
+    ("gs://bucket//x", r"no empty, '\.' or '\.\.' parts .*; expected gs://bucket/x$"),
+    ("gs://bucket/./x", r"expected gs://bucket/x$"),
+    ("gs://bucket/a/../b", r"expected gs://bucket/b$"),
+    ("gs://bucket/a/", None),
+    ("gs://bucket/", None),
+    ("gs.local/run", None),         # a local folder, not a scheme
+    ("./gs:/bucket/x", None),
+])
+def test_check_path_refuses_what_would_mean_another_place(path, expected, gcs_emulator):
+    """A store's URL mistyped into a local folder's name, or a bucket path
+    with another spelling of the same objects, is one line naming the flag."""
+    if expected is None:
+        storage.check_path(path)
+        return
+    with pytest.raises(ValueError, match=expected) as info:
+        storage.check_path(path)
+    assert str(info.value).startswith(f"model_dir={path!r}")
+    assert "\n" not in str(info.value)
+
+
 def test_check_path_accepts_a_bucket(gcs_emulator):
     # With the emulator: no credentials looked for (a lookup can take 15 s
     # where a metadata server half answers).

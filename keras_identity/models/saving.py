@@ -7,6 +7,7 @@ the file names that no imported module registers, and what registers it.
 """
 
 import json
+import os
 import sys
 import zipfile
 
@@ -62,11 +63,27 @@ def unknown_classes(path):
     return sorted(missing)
 
 
+def _neither_zip_nor_hdf5(path):
+    """Whether ``path`` is a file that is neither a zip archive (a ``.keras``
+    file) nor an HDF5 file (Keras 2's ``.h5``)."""
+    try:
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as f:
+            head = f.read(8)
+        return head != b"\x89HDF\r\n\x1a\n" and not zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
 def load_model(path, compile=True):
     """``keras.models.load_model(path)`` with this package's classes
     registered (importing this module imports the package, which registers
     them); raises ``ValueError`` in one line naming the file (and the unknown
     classes, when the file names classes no module registers)."""
+    if _neither_zip_nor_hdf5(path):   # Keras would say "File not found"
+        raise ValueError(f"not a readable .keras file: {path} (not a zip archive, as a "
+                         f".keras file is: cut short, overwritten or another kind of file)")
     try:
         return keras.models.load_model(path, compile=compile)
     except Exception as error:  # zipfile, h5py, JSON and Keras errors

@@ -49,6 +49,32 @@ def test_a_small_jpeg_folder_is_made_once_and_read_by_every_pipeline(tmp_path, s
     assert jpegs[0].stat().st_mtime_ns == before  # the folder is reused
 
 
+def test_a_folder_it_did_not_make_is_refused_not_trusted(tmp_path, shared_dir):
+    """A folder holding other files, a tree made for another size, or one
+    whose images went missing after its stamp: one line, and the stamp is
+    not taken for the tree."""
+    folder = tmp_path / "jpegs"
+    args = (f"--data_dir={os.path.join(shared_dir, 'data')}", f"--folder={folder}", "--images=8",
+            "--image_size=64x48", "--batch_size=4", "--batches=1", "--warmup=1",
+            "--repeats=1", "--workers=1", "--pipelines=threads")
+    folder.mkdir()
+    (folder / "notes.txt").write_text("someone else's")
+    result = _cli(*args)
+    assert result.returncode != 0
+    assert f"--folder={folder} holds files this benchmark did not make" in result.stderr
+    assert sorted(os.listdir(folder)) == ["notes.txt"]
+    (folder / "notes.txt").unlink()
+    (tmp_path / "jpegs.partial" / "train").mkdir(parents=True)  # an interrupted make's
+    assert _cli(*args).returncode == 0
+    assert sorted(os.listdir(folder)) == ["made-8-64x48", "train", "val"]
+    assert not (tmp_path / "jpegs.partial").exists()
+    next(folder.rglob("train/*/*.jpg")).unlink()
+    result = _cli(*args)
+    assert result.returncode != 0 and "holds files this benchmark did not make" in result.stderr
+    result = _cli(*args[:3], "--image_size=32x24", *args[4:])
+    assert result.returncode != 0 and "one holding train/, val/ and made-8-32x24 only" in result.stderr
+
+
 @pytest.mark.parametrize("flag, words", [
     ("--workers=0", "--workers='0' is not valid; expected positive numbers or all."),
     ("--pipelines=dali", "--pipelines=dali is not valid; expected some of: tf.data, grain, "

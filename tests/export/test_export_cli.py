@@ -276,8 +276,7 @@ def test_unreadable_model_files_are_named(trained_run, tmp_path):
     truncated.write_bytes((trained_run / "r8" / "model.keras").read_bytes()[:5000])
     text = tmp_path / "notes.keras"
     text.write_text("not a zip file")
-    for path, reason in ((truncated, "BadZipFile|EOFError|OSError|ValueError"),
-                         (text, "BadZipFile|ValueError|OSError"),
+    for path, reason in ((truncated, "not a zip archive"), (text, "not a zip archive"),
                          (trained_run / "r8", "a directory")):
         result = _export(trained_run, f"--model_path={path}",
                          f"--export_dir={tmp_path / 'out'}",
@@ -286,7 +285,7 @@ def test_unreadable_model_files_are_named(trained_run, tmp_path):
         lines = error_lines(result.stderr)
         assert len(lines) == 1, result.stderr[-1500:]
         assert f"not a readable .keras file: {path}" in lines[0]
-        assert any(word in lines[0] for word in reason.split("|"))
+        assert reason in lines[0] and "not found" not in lines[0]
     assert not (tmp_path / "out").exists()
 
 

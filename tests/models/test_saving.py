@@ -1,6 +1,7 @@
 """keras_identity.models.load_model: a .keras file naming unknown classes."""
 
 import keras
+import numpy as np
 import pytest
 
 import keras_identity as ki
@@ -40,9 +41,27 @@ def test_a_class_of_another_package_says_what_registers_it(tmp_path):
 def test_a_file_that_is_no_archive_is_one_line(tmp_path):
     path = tmp_path / "model.keras"
     path.write_bytes(b"not a zip")
-    with pytest.raises(ValueError, match=f"not a readable .keras file: {path}"):
+    with pytest.raises(ValueError, match=f"not a readable .keras file: {path} \\(not a zip "
+                                         f"archive, as a .keras file is: cut short, "
+                                         f"overwritten or another kind of file\\)$"):
         ki.models.load_model(str(path))
     assert ki.models.saving.unknown_classes(str(path)) == []
+
+
+def test_a_cut_or_garbled_archive_is_not_called_missing(tmp_path):
+    """Keras calls a file that is no zip archive "File not found"."""
+    model = ki.models.preact_resnet(11, input_shape=(8, 8, 3), num_classes=3)
+    whole = tmp_path / "whole.keras"
+    model.save(whole)
+    data = whole.read_bytes()
+    for name, garbled, reason in (
+            ("cut", data[:len(data) // 2], "not a zip archive"),
+            ("random", np.random.default_rng(0).bytes(len(data)), "not a zip archive"),
+            ("garbled", bytes(b ^ 0x5A for b in data[:4096]) + data[4096:], "BadZipFile")):
+        path = tmp_path / f"{name}.keras"
+        path.write_bytes(garbled)
+        with pytest.raises(ValueError, match=f"not a readable .keras file: {path} .*{reason}"):
+            ki.models.load_model(str(path))
 
 
 def test_a_model_of_the_package_loads(tmp_path):
