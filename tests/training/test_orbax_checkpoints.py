@@ -293,3 +293,21 @@ def test_too_little_space_is_one_line_before_the_write_and_the_one_before_is_int
     assert "the checkpoint of step 1 is intact: free space" in message
     saver.close()
     assert os.listdir(tmp_path / "c") == ["ckpt_000000001"]
+
+
+def test_the_docs_read_a_runs_newest_checkpoint_with_orbax_alone(tmp_path):
+    """docs/training.md's example: Orbax's own CheckpointManager lists the
+    run's steps and restores arrays equal to model.keras's."""
+    from keras_identity.models import load_model
+    from tests.conftest import REPO
+
+    result = train(_config(tmp_path / "run", epochs=2), quiet)
+    text = open(os.path.join(REPO, "docs", "training.md")).read()
+    example = text.split("**Reading a checkpoint with Orbax alone.**")[1]
+    code = example.split("```python\n")[1].split("```")[0]
+    found = {}
+    exec(code.replace("runs/RUN", str(tmp_path / "run")), found)
+    assert found["manager"].all_steps() == [4, 8] and found["epoch"] == 2
+    model = load_model(result["model_path"])
+    _assert_equal([np.asarray(a) for a in found["arrays"]], [w.numpy() for w in model.weights])
+    assert len(found["checkpoint"]["weights"]["optimizer"]) == len(model.optimizer.variables)
