@@ -53,6 +53,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import warnings
 
 import numpy as np
@@ -126,6 +127,16 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
     reads_orbax = True
 
     def __init__(self, directory, keep=2, identity=None):
+        # Orbax's file layer takes a bracketed part of the path as a glob
+        # pattern: its checkpoints there commit no arrays (measured with
+        # orbax-checkpoint 0.12, on a disk and in a bucket), so none resumes.
+        bracketed = re.search(r"\[[^\]]*\]", os.fspath(directory))
+        if bracketed:
+            raise ValueError(
+                f"{os.fspath(directory)!r}: Orbax checkpoints (the JAX route's) cannot be "
+                f"read back from a path with a bracketed part ({bracketed.group(0)!r}: "
+                f"Orbax's file layer takes it for a glob pattern); give a --model_dir "
+                f"without brackets, or --checkpoint_format=h5")
         super().__init__(directory, keep=keep, identity=identity)
         self._manager = None
         self._pending = None          # the step being written in the background

@@ -6,6 +6,7 @@ that resume across formats and backends."""
 
 import json
 import os
+import re
 import shutil
 
 import keras
@@ -311,3 +312,19 @@ def test_the_docs_read_a_runs_newest_checkpoint_with_orbax_alone(tmp_path):
     model = load_model(result["model_path"])
     _assert_equal([np.asarray(a) for a in found["arrays"]], [w.numpy() for w in model.weights])
     assert len(found["checkpoint"]["weights"]["optimizer"]) == len(model.optimizer.variables)
+
+
+@pytest.mark.parametrize("name", ["run[1]", "a[b]c"])
+def test_a_bracketed_path_is_refused_before_the_first_step(tmp_path, name):
+    """Orbax's file layer takes "[1]" for a glob pattern: its checkpoint
+    there commits no arrays and never resumes (a disk or a bucket alike), so
+    the run is refused before it writes anything; HDF5 keeps such paths."""
+    with pytest.raises(ConfigError, match=rf"'{re.escape(str(tmp_path / name))}/checkpoints': "
+                                          r"Orbax checkpoints .* bracketed part .*; give a "
+                                          r"--model_dir without brackets, or "
+                                          r"--checkpoint_format=h5$"):
+        train(_config(tmp_path / name, epochs=1), quiet)
+    assert not (tmp_path / name / "checkpoints").exists()
+    assert train(_config(tmp_path / name, epochs=1, checkpoint_format="h5"),
+                 quiet)["steps"] == 4
+    assert train(_config(tmp_path / "lone[", epochs=1), quiet)["steps"] == 4
