@@ -457,20 +457,27 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
 
 
 def start_grpc(emulator, port):
+    """``tensorflow.serving.PredictionService/Predict`` on ``port``, without
+    tensorflow-serving-api's generated stubs (a generic handler with the
+    messages of ``warmup.serving_apis``; other methods: UNIMPLEMENTED)."""
     import grpc
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     from keras_identity.serving.emulator import InvalidArgument
+    from keras_identity.serving.warmup import serving_apis
 
-    class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-        def Predict(self, request, context):
-            try:
-                return emulator.predict(request)
-            except InvalidArgument as error:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+    predict_pb2, _ = serving_apis()
+
+    def predict(request, context):
+        try:
+            return emulator.predict(request)
+        except InvalidArgument as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(Servicer(), server)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "tensorflow.serving.PredictionService", {"Predict": grpc.unary_unary_rpc_method_handler(
+            predict, request_deserializer=predict_pb2.PredictRequest.FromString,
+            response_serializer=predict_pb2.PredictResponse.SerializeToString)}),))
     if not server.add_insecure_port(f"127.0.0.1:{port}"):
         raise RuntimeError("the port is in use")
     server.start()

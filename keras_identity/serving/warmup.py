@@ -2,8 +2,10 @@
 
 TF Serving replays these ``PredictionLog`` records when it loads a model
 version, so the first real request does not pay for graph optimisation.
-The protos come from ``tensorflow-serving-api`` (install it with
-``pip install --no-deps tensorflow-serving-api`` beside tensorflow-cpu).
+The messages are ``tensorflow-serving-api``'s where it is installed, else
+the same messages declared in :mod:`keras_identity.serving._predict_protos`
+(the package is not a dependency: it pulls ``tensorflow`` beside
+``tensorflow-cpu``); the records are the same bytes either way.
 """
 
 import os
@@ -15,14 +17,17 @@ WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
 def serving_apis():
-    """The ``tensorflow_serving.apis`` modules, or a clear error."""
+    """``(predict_pb2, prediction_log_pb2)``: ``tensorflow_serving.apis``'
+    modules, or without that package one module with the same messages
+    (``PredictRequest``, ``PredictResponse``, ``PredictLog``,
+    ``PredictionLog``) for both."""
     try:
-        from tensorflow_serving.apis import model_pb2  # noqa: F401
         from tensorflow_serving.apis import predict_pb2
         from tensorflow_serving.apis import prediction_log_pb2
     except ImportError:
-        raise ImportError("warm-up requests and request checks need tensorflow-serving-api: "
-                          "pip install --no-deps 'tensorflow-serving-api>=2.18,<2.22'") from None
+        from keras_identity.serving import _predict_protos
+
+        return _predict_protos, _predict_protos
     return predict_pb2, prediction_log_pb2
 
 

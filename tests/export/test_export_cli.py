@@ -59,6 +59,67 @@ def test_export_cli_writes_numbered_versions(trained_run, tmp_path):
     assert sorted(os.listdir(base)) == ["1", "2"]
 
 
+# tensorflow_serving cannot be imported (None in sys.modules), as after
+# pip install ".[cpu]"; then the console command runs.
+WITHOUT_SERVING_API = ('import sys; sys.modules["tensorflow_serving"] = None; '
+                       'sys.argv[0] = "keras-identity-{0}"; '
+                       'from keras_identity_cli.{0} import run; run()')
+
+
+def test_export_and_serve_without_tensorflow_serving_api(trained_run, tmp_path):
+    """After pip install ".[cpu]" (no tensorflow-serving-api: issue 61, case
+    7) the README's command writes and replays the warm-up requests, and
+    keras-identity-serve answers gRPC."""
+    import grpc
+    import tensorflow as tf
+
+    from keras_identity.serving.warmup import serving_apis
+
+    model = str(trained_run / "r8" / "model.keras")
+    base = tmp_path / "serving" / "r8"
+    result = subprocess.run([sys.executable, "-c", WITHOUT_SERVING_API.format("export"),
+                             f"--model_path={model}", f"--export_dir={base}"], cwd=REPO,
+                            text=True, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "3 warm-up requests replayed" in result.stdout
+    assert (base / "1" / "assets.extra" / "tf_serving_warmup_requests").is_file()
+    shown = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saved_model_cli"),
+                            "show", "--dir", str(base / "1"), "--all"], text=True,
+                           capture_output=True, check=True).stdout
+    for name in ("serving_default", "serving_bytes", "serving_uint8"):
+        assert f"signature_def['{name}']" in shown
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", WITHOUT_SERVING_API.format("serve"), "--model_name=r8",
+         f"--model_base_path={base}", "--rest_api_port=0", f"--port={port}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        predict_pb2, _ = serving_apis()
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name, request.model_spec.signature_name = "r8", "serving_uint8"
+        images = np.zeros((2, 32, 32, 3), np.uint8)
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(images))
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            predict = channel.unary_unary(
+                "/tensorflow.serving.PredictionService/Predict",
+                request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                response_deserializer=predict_pb2.PredictResponse.FromString)
+            deadline = time.time() + 120
+            while True:
+                try:
+                    response = predict(request, timeout=30)
+                    break
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+                    assert time.time() < deadline and server.poll() is None, (
+                        server.stdout.read()[-2000:])
+                    time.sleep(0.5)
+        assert tf.make_ndarray(response.outputs["probabilities"]).shape == (2, 10)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model_path=/no/model.keras", "--export_dir=/tmp/x"], "does not exist"),
     (["--export_dir=/tmp/x"], "--model_path"),
