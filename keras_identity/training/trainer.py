@@ -406,6 +406,8 @@ def _train(run, print_fn, started):
     own_checkpointer = checkpointer if chief or checkpointer.collective else \
         checkpoints.Checkpointer(storage.join(work_dir, "checkpoints"), keep=1,
                                  owns_directory=True)
+    if run.lock is not None:  # a lock found gone or taken stops the run before a checkpoint
+        own_checkpointer = run.lock.guard(own_checkpointer)
     recorder = callbacks_lib.RunRecorder(
         checkpointer=own_checkpointer,
         history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,

@@ -8,6 +8,7 @@ TensorFlow installed)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from keras_identity import storage
 from keras_identity.training import ConfigError
+from keras_identity.training import Stopped
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import run_lock
 from keras_identity.training import train
@@ -169,6 +171,124 @@ def test_a_lock_left_by_a_lost_machine_is_taken_over_after_its_lease(gcs_emulato
     finally:
         lock.release()
     assert not storage.exists(storage.join(model_dir, ".lock"))
+
+
+# --- hardening (issue 61: 2, 3): a clock that runs ahead, a lock lost mid-run --
+
+
+def test_a_lock_whose_clock_runs_ahead_is_judged_by_this_hosts_clock(gcs_emulator,
+                                                                     monkeypatch, capsys):
+    import time
+
+    model_dir = gcs_emulator("ahead")
+    monkeypatch.setattr(run_lock, "LEASE_SECONDS", 1.5)   # this host's clock, not the lock's
+    monkeypatch.setattr(run_lock, "WATCH_SECONDS", 0.2, raising=False)
+    path = storage.join(model_dir, ".lock")
+    storage.write_json(path, {"holder": "pid 1 on fast-clock-vm", "token": "x",
+                              "renewed": time.time() + 3600})   # an hour ahead, then lost
+    started = time.monotonic()
+    lock = run_lock.RunLock(model_dir).acquire()
+    try:
+        assert storage.read_json(path)["token"] == lock._token
+    finally:
+        lock.release()
+    assert 1.5 < time.monotonic() - started < 60
+    out = capsys.readouterr().out
+    assert f"the lock {path} (pid 1 on fast-clock-vm) records a renewal 3600 s ahead of this " \
+           f"host's clock: watching it for up to 2 s" in out
+    assert f"taking over the lock {path}: pid 1 on fast-clock-vm has not renewed it for " in out
+    assert not storage.exists(path)
+
+
+def test_a_live_holder_whose_clock_runs_ahead_is_still_refused(gcs_emulator, monkeypatch):
+    import threading
+    import time
+
+    model_dir = gcs_emulator("ahead-alive")
+    monkeypatch.setattr(run_lock, "LEASE_SECONDS", 30.0)
+    monkeypatch.setattr(run_lock, "WATCH_SECONDS", 0.2, raising=False)
+    path = storage.join(model_dir, ".lock")
+
+    def renew():
+        storage.write_json(path, {"holder": "pid 1 on fast-clock-vm", "token": "x",
+                                  "renewed": time.time() + 3600})
+
+    renew()
+    renewal = threading.Timer(1.0, renew)   # the holder renews: it is alive
+    renewal.start()
+    try:
+        with pytest.raises(ValueError, match=r"is in use by another training \(pid 1 on "
+                                             r"fast-clock-vm, renewed 0 s ago; its clock is "
+                                             r"\d+ s ahead of this host's\)"):
+            run_lock.RunLock(model_dir).acquire()
+    finally:
+        renewal.join()
+    assert storage.read_json(path)["token"] == "x"
+    storage.remove(path)
+
+
+def _losing_the_lease_at(epoch_line, lock_path, then=None):
+    def print_fn(line):
+        if line.startswith(epoch_line) and storage.exists(lock_path):
+            storage.remove(lock_path)
+            if then is not None:
+                then()
+    return print_fn
+
+
+def test_a_run_whose_lease_is_deleted_stops_before_its_next_checkpoint(gcs_emulator):
+    run = gcs_emulator("lease-deleted")
+    lock_path = storage.join(run, ".lock")
+    with pytest.raises(Stopped) as lost:
+        train(_config(run, epochs=3), _losing_the_lease_at("epoch 2 ", lock_path))
+    assert str(lost.value) == (
+        f"the lock {lock_path} was deleted while this run held it: this run stopped at step 8 "
+        f"without writing its checkpoint (another training may be writing {run}); make sure "
+        f"no other training writes there, then run the same command to resume")
+    assert storage.read_json(storage.join(run, "checkpoints", "state.json"))["step"] == 4
+    assert not storage.exists(lock_path)   # not made again by the stopped run
+    assert train(_config(run, epochs=3), lambda *_: None)["steps"] == 12   # resumed
+
+
+def test_a_run_whose_lease_is_taken_by_a_second_run_stops_before_its_next_checkpoint(
+        gcs_emulator):
+    run = gcs_emulator("lease-taken")
+    lock_path = storage.join(run, ".lock")
+    second = run_lock.RunLock(run)
+    try:
+        with pytest.raises(Stopped, match=(
+                rf"^the lock {re.escape(lock_path)} was taken over by pid {os.getpid()} on "
+                rf".*: this run stopped at step 4 without writing its checkpoint")):
+            train(_config(run, epochs=3), _losing_the_lease_at("epoch 1 ", lock_path,
+                                                               second.acquire))
+        assert storage.read_json(lock_path)["token"] == second._token   # left to its holder
+    finally:
+        second.release()
+    assert not storage.exists(storage.join(run, "checkpoints", "state.json"))
+
+
+def test_a_lost_lease_ends_the_program_in_one_line_with_status_75(gcs_emulator, tmp_path):
+    model_dir = gcs_emulator("lease-lost-cli")
+    cwd, tmp = _machine(tmp_path, "vm")
+    proc = subprocess.Popen(_command(model_dir, "--train_steps=80"), cwd=cwd,
+                            env=_env(gcs_emulator, tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        storage.remove(storage.join(model_dir, ".lock"))
+        status = proc.wait(timeout=300)
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 75, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("the lock ")]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"the lock {model_dir}/.lock was deleted while this run held "
+                               f"it: this run stopped at step ") and \
+        lines[0].endswith("then run the same command to resume (exit status 75)"), lines
+    assert not storage.exists(storage.join(model_dir, "model.keras"))
+    assert (_latest(storage.join(model_dir, "checkpoints")) or {"step": 0})["step"] < 80
 
 
 def test_a_missing_bucket_is_one_line_and_leaves_nothing(gcs_emulator, tmp_path):

@@ -276,6 +276,99 @@ def test_a_second_training_in_one_model_dir_is_refused_and_a_killed_one_leaves_n
     assert train(_small(tmp_path, epochs=2), quiet)["steps"] == 8  # released after each run
 
 
+# --- hardening (issue 61: 3): a lock lost mid-run stops the run ---------------
+
+
+def _losing_the_lock_at(epoch_line, lock_path, then=None):
+    """A print_fn that deletes ``lock_path`` when the run prints
+    ``epoch_line`` (an epoch's summary, printed before that epoch's
+    checkpoint is written), then calls ``then``."""
+    def print_fn(line):
+        if line.startswith(epoch_line) and os.path.exists(lock_path):
+            os.remove(lock_path)
+            if then is not None:
+                then()
+    return print_fn
+
+
+def test_a_run_whose_lock_is_deleted_stops_before_its_next_checkpoint(tmp_path):
+    from keras_identity.training import Stopped
+    from keras_identity.training import run_lock
+    from tests.training.test_preemption import _latest
+
+    config = _small(tmp_path, epochs=3)
+    lock_path = os.path.join(config.model_dir, ".lock")
+    with pytest.raises(Stopped) as lost:
+        train(config, _losing_the_lock_at("epoch 2 ", lock_path))
+    message = str(lost.value)
+    assert isinstance(lost.value, run_lock.LockLost) and "\n" not in message
+    assert message == (
+        f"the lock {lock_path} was deleted while this run held it: this run stopped at step 8 "
+        f"without writing its checkpoint (another training may be writing "
+        f"{config.model_dir}); make sure no other training writes there, then run the same "
+        f"command to resume")
+    assert (lost.value.step, lost.value.epoch, lost.value.saved) == (8, 2, False)
+    assert _latest(os.path.join(config.model_dir, "checkpoints"))["step"] == 4
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [row["step"] for row in history] == [4]     # epoch 2's files were not written
+    # The same command resumes from the last checkpoint and holds a new lock.
+    assert train(config, quiet)["steps"] == 12
+
+
+def test_a_run_whose_lock_is_taken_by_a_second_run_stops_before_its_next_checkpoint(
+        tmp_path):
+    import re
+
+    from keras_identity.training import Stopped
+    from keras_identity.training import run_lock
+    from tests.training.test_preemption import _latest
+
+    config = _small(tmp_path, epochs=3)
+    lock_path = os.path.join(config.model_dir, ".lock")
+    second = run_lock.RunLock(config.model_dir)
+    try:
+        with pytest.raises(Stopped, match=(
+                rf"^the lock {re.escape(lock_path)} was replaced \(deleted while this run held "
+                rf"it\) and is now held by pid {os.getpid()} on .*: this run stopped at step 4 "
+                rf"without writing")):
+            train(config, _losing_the_lock_at("epoch 1 ", lock_path, second.acquire))
+        assert _latest(os.path.join(config.model_dir, "checkpoints")) is None
+        with pytest.raises(ConfigError, match="is in use by another training"):
+            train(config, quiet)   # the second holder still holds it
+    finally:
+        second.release()
+
+
+def test_a_lost_lock_ends_the_program_in_one_line_with_status_75(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.programs import LineWatch
+
+    model_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", KERAS_BACKEND=keras.backend.backend())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keras_identity_cli.train", "--model=highway_net", "--depth=3",
+         "--batch_size=64", "--train_examples=256", "--test_examples=64", "--verbose=0",
+         "--train_steps=80", f"--model_dir={model_dir}"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        os.remove(model_dir / ".lock")
+        status = proc.wait(timeout=300)
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 75, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("the lock ")]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"the lock {model_dir}/.lock was deleted while this run held "
+                               f"it: this run stopped at step ") and \
+        lines[0].endswith("then run the same command to resume (exit status 75)"), lines
+    assert not (model_dir / "model.keras").exists()
+
+
 def test_an_empty_test_set_is_refused_before_training(tmp_path):
     path = tmp_path / "empty-test.npz"
     rng = np.random.default_rng(0)
