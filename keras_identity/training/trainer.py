@@ -331,8 +331,7 @@ def _train(run, print_fn, started):
     normalization, model_dir = run.normalization, config.model_dir
     model, state = _build_and_restore(config, strategy, data, normalization, recipe, schedule,
                                       run.steps_per_execution, checkpointer, run.state)
-    # Written once the model is built and restored: a configuration the
-    # builder refuses leaves no run behind.
+    # Written once the model is built and restored: a refused builder leaves no run behind.
     if chief:
         _write_run_record(config, data, normalization, run.identity, schedule)
 
