@@ -55,6 +55,10 @@ _SHUFFLE, _CROP, _IMAGE = 0, 1, 2
 # Batches prepared ahead of the one asked for, and the threads preparing them.
 PREFETCH = 4
 THREADS = 2
+# The most worker processes per core (each imports Keras and holds its
+# batches in shared memory): more only wait for the cores, and a thousand
+# on 2 cores trained nothing in minutes.
+WORKERS_PER_CORE = 4
 # ImageNet's training scale range (He et al. 2015, Sec. 3.4).
 IMAGENET_SCALE = (256, 480)
 
@@ -140,7 +144,8 @@ def resolve_worker_processes(workers, data, name="worker_processes"):
     """The processes decoding ``data``'s image files (0: threads of the
     training process): ``workers``, checked (``name``: the argument or flag
     that gave it), or by default one per core where Grain is installed and
-    there are more cores than :data:`THREADS`; 0 for data held in memory."""
+    there are more cores than :data:`THREADS`; 0 for data held in memory.
+    At most :data:`WORKERS_PER_CORE` per core are accepted."""
     if workers is None:  # the threads use every core of a machine of THREADS cores
         if data.in_memory or cpu_kernels.cores() <= THREADS or not grain_workers.available():
             return 0
@@ -153,6 +158,12 @@ def resolve_worker_processes(workers, data, name="worker_processes"):
     if workers and not grain_workers.available():
         raise ValueError(f"{name}={workers} needs Grain, which is not installed: pip install "
                          f"grain (or keras-identity[jax]); 0 reads with threads.")
+    cores = cpu_kernels.cores()
+    if workers > WORKERS_PER_CORE * cores:
+        raise ValueError(f"{name}={workers} is not valid on this machine of {cores} "
+                         f"core{'s' if cores != 1 else ''}; expected at most "
+                         f"{WORKERS_PER_CORE * cores} ({WORKERS_PER_CORE} per core: each "
+                         f"worker is a process holding its batches in memory).")
     return workers
 
 

@@ -235,13 +235,18 @@ class InEpochCheckpoints(keras.callbacks.Callback):
     batches consumed: :meth:`begin_fit` gives where a fit starts), not the
     optimizer's count, which a skipped float16 step does not advance.
 
-    The decision is taken after each call (``on_train_batch_end``) and acted
-    on before the next (``on_train_batch_begin``, always in the main thread).
-    Across processes it is the same in every one
-    (:func:`strategies.any_over_processes`, once per call, over a fixed list
-    of flags).  In a single JAX process the decision runs beside the next
-    step (Keras's asynchronous callbacks) and is acted on a call or two
-    later; a decision made before the last checkpoint is dropped.
+    In a single process the decision is taken before each call
+    (``on_train_batch_begin``, in the main thread, reading only the step,
+    the clock and the signal flag), so a checkpoint due after a call is
+    written there on every backend.  (Taken after each call, in
+    ``on_train_batch_end``, it ran on JAX in Keras's asynchronous callback
+    threads, once the calls dispatched ahead had computed: the main thread
+    was then several calls on, and the due checkpoints of an epoch's first
+    calls were never written.)  Across processes it is taken after each
+    call, the same in every one (:func:`strategies.any_over_processes`, once
+    per call, over a fixed list of flags; the callbacks then run in order),
+    and acted on before the next; a decision made before the last
+    checkpoint is dropped.
     """
 
     _NAMES = DEFAULT_SIGNALS + OTHER_SIGNALS
@@ -288,19 +293,37 @@ class InEpochCheckpoints(keras.callbacks.Callback):
             self.strategy, [received == name for name in self._NAMES] + [late])
         return next((n for n, flag in zip(self._NAMES, flags) if flag), None), flags[-1]
 
-    def on_train_batch_begin(self, batch, logs=None):
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] == self._generation:
-            raise SaveRequest(self._epoch_begin + int(batch), pending[1])
-
-    def on_train_batch_end(self, batch, logs=None):
-        generation, step = self._generation, self._epoch_begin + int(batch) + 1
-        if step % self.steps_per_epoch == 0 or step >= self._end or self._pending:
-            return  # an epoch or the run ends here (their own checkpoints), or decided
-        late = (self.every_seconds is not None
+    def _late(self, step):
+        """Whether an interval checkpoint is due at ``step``."""
+        return (self.every_seconds is not None
                 and time.monotonic() - self._last_time >= self.every_seconds) or bool(
                     self.every_steps and step - self._last_saved >= self.every_steps)
-        received, late = self._decide(late)
+
+    def _inside(self, step):
+        """Whether ``step`` may take a checkpoint of this callback: inside an
+        epoch, before the run's end (those have their own checkpoints)."""
+        return step % self.steps_per_epoch != 0 and step < self._end
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self._epoch_begin + int(batch)
+        if not self._several:
+            # Decided here, in the main thread, after the call before.
+            if step > self._last_saved and self._inside(step):
+                received, late = self._decide(self._late(step))
+                if received is not None or late:
+                    raise SaveRequest(step, received)
+            return
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == self._generation:
+            raise SaveRequest(step, pending[1])
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._several:
+            return  # decided before the next call (on_train_batch_begin)
+        generation, step = self._generation, self._epoch_begin + int(batch) + 1
+        if not self._inside(step) or self._pending:
+            return  # an epoch or the run ends here (their own checkpoints), or decided
+        received, late = self._decide(self._late(step))
         if received is not None or late:
             self._pending = (generation, received)
 

@@ -5,9 +5,11 @@ workers told why in one line.  A file refused inside a worker:
 tests/data/test_hostile_files.py."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -107,6 +109,24 @@ def test_bad_workers_are_refused(tmp_path, workers, words):
     assert str(error.value) == words
 
 
+def test_workers_are_bounded_by_the_cores(tmp_path, monkeypatch):
+    """Issue 61, case 14: --input_workers=1000 on 2 cores was accepted,
+    trained nothing in 150 s and left thousands of semaphores behind."""
+    data = _files(tmp_path, n=2)
+    monkeypatch.setattr(cpu_kernels, "cores", lambda: 2)
+    assert arrays.resolve_worker_processes(8, data, name="input_workers") == 8
+    for workers in (9, 1000):
+        with pytest.raises(ValueError) as error:
+            arrays.resolve_worker_processes(workers, data, name="input_workers")
+        assert str(error.value) == (
+            f"input_workers={workers} is not valid on this machine of 2 cores; expected at "
+            f"most 8 (4 per core: each worker is a process holding its batches in memory).")
+    with pytest.raises(ValueError, match=r"^worker_processes=1000 is not valid on this "
+                                         r"machine of 2 cores; expected at most 8 "):
+        arrays.TrainBatches(data, batch_size=2, normalization=Normalization("scale"),
+                            worker_processes=1000)
+
+
 def test_workers_for_arrays_in_memory_are_refused():
     memory = ImageDataset(name="cifar10", num_classes=2, class_names=["a", "b"],
                           image_shape=(8, 8, 3), source="arrays",
@@ -147,3 +167,111 @@ def test_a_script_without_a_main_guard_is_told_why_its_workers_stopped(tmp_path)
                            "error, if any, is printed above): a script that reads image "
                            "files in worker processes must train under `if __name__ == "), last
     assert last.endswith("(worker_processes=0, --input_workers=0).")
+
+
+_STREAMS = textwrap.dedent("""
+    import multiprocessing, os, sys, time
+    import numpy as np
+    from PIL import Image
+    from keras_identity.data import arrays, ImageDataset, Normalization
+
+    def data(root, n=10):
+        rng = np.random.default_rng(0)
+        paths = []
+        for i in range(n):
+            paths.append(os.path.join(root, f"{i}.png"))
+            Image.fromarray(rng.integers(0, 256, (40 + 3 * i, 50, 3), np.uint8)).save(paths[-1])
+        labels = np.arange(n, dtype=np.int32) % 2
+        return ImageDataset(name="imagenet", num_classes=2, class_names=["a", "b"],
+                            image_shape=(224, 224, 3), source=root,
+                            files_train=(paths, labels), files_test=(paths, labels))
+
+    def train(data):
+        return arrays.TrainBatches(data, batch_size=4, normalization=Normalization.imagenet(),
+                                   augmentation="imagenet", seed=3, worker_processes=2)
+""")
+
+
+def _run_streams(tmp_path, body, **kwargs):
+    script = tmp_path / "streams.py"
+    script.write_text(_STREAMS + textwrap.dedent(body))
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path)], text=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()), **kwargs)
+
+
+def test_streams_read_and_ended_leave_no_shared_memory(tmp_path):
+    """Issue 61, case 6: a run with --input_workers=2 ended with "There
+    appear to be 4 leaked shared_memory objects": the evaluation stream's
+    workers reached its end, and Grain's end of a worker kept a batch alive
+    (in an exception's traceback) past the program's end.  Read to the end
+    and again, closed or not, the streams leave nothing."""
+    proc = _run_streams(tmp_path, """
+        if __name__ == "__main__":
+            data = data(sys.argv[1])
+            evaluation = arrays.EvalBatches(data, batch_size=4, worker_processes=2,
+                                            normalization=Normalization.imagenet())
+            for index in [0, 1, 2, 0, 1, 2, 0]:
+                evaluation[index]
+            evaluation.close()
+            closed, left = train(data), train(data)
+            for index in range(3):
+                closed[index], left[index]
+            closed.close()
+            print("read", flush=True)  # and left open: the program's end closes it
+    """, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and out == "read\n", err[-2000:]
+    assert "leaked shared_memory" not in err, err[-2000:]
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" in f.read()  # a zombie: ended, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def _mapped_shared_memory(pid):
+    """The names of the /dev/shm segments process ``pid`` maps (not unlinked)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split("/dev/shm/")[1].strip() for line in f
+                if "/dev/shm/psm_" in line and "(deleted)" not in line}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_workers_exit_when_the_training_process_is_killed(tmp_path):
+    """Issue 61, case 14: a SIGKILL to the training process left both Grain
+    workers running (30 s later) and their batches in /dev/shm.  The
+    workers now exit within a second or two, and the batches go with them."""
+    proc = _run_streams(tmp_path, """
+        if __name__ == "__main__":
+            stream = train(data(sys.argv[1]))
+            stream[0], stream[1]
+            time.sleep(2)  # the workers fill their buffers
+            print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+            time.sleep(600)
+    """, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        workers += [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(workers) == 2, workers
+        segments = set().union(*(_mapped_shared_memory(p) for p in [proc.pid, *workers]))
+        assert segments  # the batches prepared ahead
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 20
+        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert all(_gone(pid) for pid in workers), "the workers outlived the killed process"
+        while time.monotonic() < deadline and any(
+                os.path.exists(f"/dev/shm/{name}") for name in segments):
+            time.sleep(0.2)
+        assert not [name for name in segments if os.path.exists(f"/dev/shm/{name}")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in workers:  # those a failure left behind
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
