@@ -70,10 +70,11 @@ def _size():
 def _made_tree(folder, stamp, count):
     """Whether ``folder`` is the tree :func:`make_folder` made with ``stamp``:
     ``train/`` with ``count`` images, ``val/`` and the stamp, nothing else."""
-    if sorted(os.listdir(folder)) != sorted(["train", "val", stamp]):
+    if sorted(os.listdir(folder)) not in (sorted(["train", "val", stamp]),
+                                          sorted(["train", stamp])):   # no val: all trained
         return False
     images = sum(len(files) for _, _, files in os.walk(os.path.join(folder, "train")))
-    return images == count and os.path.isdir(os.path.join(folder, "val"))
+    return images == count
 
 
 def make_folder(folder, data_dir, count, size):
@@ -94,9 +95,11 @@ def make_folder(folder, data_dir, count, size):
     if os.path.isdir(folder) and os.listdir(folder):
         if _made_tree(folder, stamp, count):
             return folder
-        raise app.UsageError(f"--folder={folder} holds files this benchmark did not make "
-                             f"(or made for another --images/--image_size): expected an empty "
-                             f"or new folder, or one holding train/, val/ and {stamp} only")
+        raise app.UsageError(f"--folder={folder} is not the tree this benchmark makes for "
+                             f"these flags (other files, another --images/--image_size, or "
+                             f"images missing): remove it or give a new --folder; it keeps "
+                             f"a folder holding train/ with {count} images, val/ and {stamp} "
+                             f"only")
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise app.UsageError(f"--folder={folder} is not a folder; expected a new or empty one")
     cifar = load_dataset("cifar10", data_dir)
@@ -105,7 +108,11 @@ def make_folder(folder, data_dir, count, size):
     # Validation images of the training classes only (each needs training images).
     val = [i for i in order[count:] if cifar.y_train[i] in set(cifar.y_train[train])][:20]
     partial = folder + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)   # what an interrupted make left
+    if os.path.lexists(partial):   # what an interrupted make left, nothing else
+        if not (os.path.isdir(partial) and set(os.listdir(partial)) <= {"train", "val"}):
+            raise app.UsageError(f"{partial} is in the way of the tree this benchmark makes "
+                                 f"in it: remove it or give another --folder")
+        shutil.rmtree(partial)
     for split, chosen in (("train", train), ("val", val)):
         for i in chosen:
             label = int(cifar.y_train[i])

@@ -102,10 +102,10 @@ def check_path(path, name="model_dir"):
     path = os.fspath(path)
     typo = re.match(r"([A-Za-z][A-Za-z0-9]*):(?!//)", path)
     if typo and typo.group(1).lower() in _PACKAGES:
-        raise ValueError(f"{name}={path!r} is not a bucket URL ({typo.group(1)}: takes "
-                         f"'//') and would be a local folder named {typo.group(0)!r}; "
-                         f"expected {typo.group(1).lower()}://BUCKET/path (a local folder "
-                         f"of that name: ./{path})")
+        meant = f"{typo.group(1).lower()}://{path[typo.end():].lstrip('/')}"
+        raise ValueError(f"{name}={path!r} is not a bucket URL ({typo.group(0)} takes "
+                         f"'//') and would be a local folder {path.split('/', 1)[0]!r}; "
+                         f"expected {meant} (a local folder of that name: ./{path})")
     found = scheme(path)
     if found is None:
         return
@@ -114,16 +114,18 @@ def check_path(path, name="model_dir"):
                          f"expected a local path, gs://BUCKET/... or s3://BUCKET/...")
     head, rest = path.split("://", 1)
     if head != found:
-        raise ValueError(f"{name}={path!r}: the scheme is written in lower case; expected "
+        raise ValueError(f"{name}={path!r}: a bucket URL's scheme is in lower case; expected "
                          f"{found}://{rest}")
     bucket, _, objects = rest.partition("/")
     if not bucket:
         raise ValueError(f"{name}={path!r} names no bucket; expected {found}://BUCKET/path")
     parts = objects[:-1].split("/") if objects.endswith("/") else objects.split("/")
     if objects and any(part in ("", ".", "..") for part in parts):
+        meant = normalize(path)
+        if meant.split("://", 1)[1].split("/", 1)[0] != bucket:   # above the bucket
+            meant = f"{found}://{bucket}/<path> without them"
         raise ValueError(f"{name}={path!r}: a bucket path has no empty, '.' or '..' parts "
-                         f"(the store would take them as object names); expected "
-                         f"{normalize(path)}")
+                         f"(the store would take them as object names); expected {meant}")
     if found == "gs" and not (
             re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket)
             and ("." in bucket or len(bucket) <= 63)

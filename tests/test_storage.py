@@ -69,15 +69,16 @@ def test_check_path_refuses_other_schemes_and_a_missing_bucket():
 
 @pytest.mark.parametrize("path, expected", [
     ("gs:/bucket/x", r"'gs:/bucket/x' is not a bucket URL \(gs: takes '//'\) and would be a "
-                     r"local folder named 'gs:'; expected gs://BUCKET/path \(a local folder of "
-                     r"that name: \./gs:/bucket/x\)"),
-    ("gs:bucket/x", r"would be a local folder named 'gs:'; expected gs://BUCKET/path"),
-    ("S3:b/x", r"'S3:b/x' is not a bucket URL \(S3: takes '//'\).* expected s3://BUCKET/path"),
-    ("GS://bucket/x", r"'GS://bucket/x': the scheme is written in lower case; expected "
+                     r"local folder 'gs:'; expected gs://bucket/x \(a local folder of that "
+                     r"name: \./gs:/bucket/x\)$"),
+    ("gs:bucket/x", r"would be a local folder 'gs:bucket'; expected gs://bucket/x "),
+    ("S3:b/x", r"'S3:b/x' is not a bucket URL \(S3: takes '//'\).* expected s3://b/x "),
+    ("GS://bucket/x", r"'GS://bucket/x': a bucket URL's scheme is in lower case; expected "
                       r"gs://bucket/x$"),
     ("gs://bucket//x", r"no empty, '\.' or '\.\.' parts .*; expected gs://bucket/x$"),
     ("gs://bucket/./x", r"expected gs://bucket/x$"),
     ("gs://bucket/a/../b", r"expected gs://bucket/b$"),
+    ("gs://bucket/a/../../x", r"expected gs://bucket/<path> without them$"),   # not gs://x
     ("gs://bucket/a/", None),
     ("gs://bucket/", None),
     ("gs.local/run", None),         # a local folder, not a scheme

@@ -405,7 +405,7 @@ def _train(run, print_fn, started):
     own_checkpointer = checkpointer if chief or checkpointer.collective else \
         checkpoints.Checkpointer(storage.join(work_dir, "checkpoints"), keep=1,
                                  owns_directory=True)
-    if run.lock is not None:  # a lock found gone or taken stops the run before a checkpoint
+    if run.lock is not None and not strategies.several_processes(strategy):  # lock lost: stop
         own_checkpointer = run.lock.guard(own_checkpointer)
     recorder = callbacks_lib.RunRecorder(
         checkpointer=own_checkpointer,

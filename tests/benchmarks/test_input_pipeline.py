@@ -61,7 +61,9 @@ def test_a_folder_it_did_not_make_is_refused_not_trusted(tmp_path, shared_dir):
     (folder / "notes.txt").write_text("someone else's")
     result = _cli(*args)
     assert result.returncode != 0
-    assert f"--folder={folder} holds files this benchmark did not make" in result.stderr
+    assert (f"--folder={folder} is not the tree this benchmark makes for these flags "
+            f"(other files, another --images/--image_size, or images missing): remove it or "
+            f"give a new --folder") in result.stderr
     assert sorted(os.listdir(folder)) == ["notes.txt"]
     (folder / "notes.txt").unlink()
     (tmp_path / "jpegs.partial" / "train").mkdir(parents=True)  # an interrupted make's
@@ -70,9 +72,9 @@ def test_a_folder_it_did_not_make_is_refused_not_trusted(tmp_path, shared_dir):
     assert not (tmp_path / "jpegs.partial").exists()
     next(folder.rglob("train/*/*.jpg")).unlink()
     result = _cli(*args)
-    assert result.returncode != 0 and "holds files this benchmark did not make" in result.stderr
+    assert result.returncode != 0 and "is not the tree this benchmark makes" in result.stderr
     result = _cli(*args[:3], "--image_size=32x24", *args[4:])
-    assert result.returncode != 0 and "one holding train/, val/ and made-8-32x24 only" in result.stderr
+    assert result.returncode != 0 and "train/ with 8 images, val/ and made-8-32x24 only" in result.stderr
 
 
 @pytest.mark.parametrize("flag, words", [

@@ -5,6 +5,7 @@ workers told why in one line.  A file refused inside a worker:
 tests/data/test_hostile_files.py."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -254,10 +255,14 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path):
     """, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     workers = []
     try:
+        assert select.select([proc.stdout], [], [], 180)[0], "the streams did not start"
         workers += [int(pid) for pid in proc.stdout.readline().split()]
         assert len(workers) == 2, workers
-        segments = set().union(*(_mapped_shared_memory(p) for p in [proc.pid, *workers]))
-        assert segments  # the batches prepared ahead
+        deadline = time.monotonic() + 30   # the batches prepared ahead (a loaded machine)
+        while not (segments := set().union(*(_mapped_shared_memory(p)
+                                             for p in [proc.pid, *workers]))):
+            assert time.monotonic() < deadline, "no batch in shared memory"
+            time.sleep(0.2)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         deadline = time.monotonic() + 20
