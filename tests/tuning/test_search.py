@@ -177,7 +177,7 @@ def test_a_stop_during_the_retraining_says_the_same_command_resumes_it(tmp_path,
     assert stopped.value.phase == "retraining" and "retrain_best" in stopped.value.directory
     assert "running the same command resumes the retraining of gate bias -2" in message
     assert "the search continues with this trial" not in message
-    assert 3 <= stopped.value.step <= 1280 // 128
+    assert 2 <= stopped.value.step <= 1280 // 128   # a signal before a call: stopped there
     lines = []
     result = run_search(config(), print_fn=lines.append)
     assert any(f"resuming from the checkpoint at step {stopped.value.step}" in line
