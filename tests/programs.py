@@ -76,3 +76,23 @@ class LineWatch:
 
     def text(self):
         return "".join(self.lines)
+
+
+def stop_by_taking_the_lock(proc, lock, remove):
+    """Removes a training program's ``lock`` (``remove(lock)``) once its first
+    epoch has ended, and checks that the program stops in one line, status
+    75 (``proc``: a ``keras-identity-train`` with stdout and stderr piped)."""
+    try:
+        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        remove(lock)
+        status = proc.wait(timeout=300)
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 75, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("the lock ")]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"the lock {lock} was deleted while this run held it: this "
+                               f"run stopped at step ") and \
+        lines[0].endswith("then run the same command to resume (exit status 75)"), lines

@@ -28,6 +28,7 @@ from tests.training.test_preemption import _latest
 from tests.training.test_run_files import _config  # the same run as on a local disk
 from tests.programs import LineWatch
 from tests.programs import error_lines
+from tests.programs import stop_by_taking_the_lock
 
 FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=4",
          "--train_examples=512", "--test_examples=96", "--verbose=0", "--seed=3",
@@ -273,20 +274,7 @@ def test_a_lost_lease_ends_the_program_in_one_line_with_status_75(gcs_emulator, 
     proc = subprocess.Popen(_command(model_dir, "--train_steps=80"), cwd=cwd,
                             env=_env(gcs_emulator, tmp), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
-        storage.remove(storage.join(model_dir, ".lock"))
-        status = proc.wait(timeout=300)
-        stderr = proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
-    assert status == 75, stderr[-3000:]
-    lines = [line for line in stderr.splitlines() if line.startswith("the lock ")]
-    assert len(lines) == 1, stderr[-3000:]
-    assert lines[0].startswith(f"the lock {model_dir}/.lock was deleted while this run held "
-                               f"it: this run stopped at step ") and \
-        lines[0].endswith("then run the same command to resume (exit status 75)"), lines
+    stop_by_taking_the_lock(proc, storage.join(model_dir, ".lock"), storage.remove)
     assert not storage.exists(storage.join(model_dir, "model.keras"))
     assert (_latest(storage.join(model_dir, "checkpoints")) or {"step": 0})["step"] < 80
 

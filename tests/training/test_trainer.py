@@ -343,7 +343,7 @@ def test_a_lost_lock_ends_the_program_in_one_line_with_status_75(tmp_path):
     import subprocess
     import sys
 
-    from tests.programs import LineWatch
+    from tests.programs import stop_by_taking_the_lock
 
     model_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1", KERAS_BACKEND=keras.backend.backend())
@@ -352,20 +352,7 @@ def test_a_lost_lock_ends_the_program_in_one_line_with_status_75(tmp_path):
          "--batch_size=64", "--train_examples=256", "--test_examples=64", "--verbose=0",
          "--train_steps=80", f"--model_dir={model_dir}"], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
-    try:
-        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
-        os.remove(model_dir / ".lock")
-        status = proc.wait(timeout=300)
-        stderr = proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
-    assert status == 75, stderr[-3000:]
-    lines = [line for line in stderr.splitlines() if line.startswith("the lock ")]
-    assert len(lines) == 1, stderr[-3000:]
-    assert lines[0].startswith(f"the lock {model_dir}/.lock was deleted while this run held "
-                               f"it: this run stopped at step ") and \
-        lines[0].endswith("then run the same command to resume (exit status 75)"), lines
+    stop_by_taking_the_lock(proc, f"{model_dir}/.lock", os.remove)
     assert not (model_dir / "model.keras").exists()
 
 
