@@ -122,7 +122,7 @@ def check_path(path, name="model_dir"):
     parts = objects[:-1].split("/") if objects.endswith("/") else objects.split("/")
     if objects and any(part in ("", ".", "..") for part in parts):
         meant = normalize(path)
-        if meant.split("://", 1)[1].split("/", 1)[0] != bucket:   # above the bucket
+        if bucket_of(meant) != bucket_of(path):   # above the bucket
             meant = f"{found}://{bucket}/<path> without them"
         raise ValueError(f"{name}={path!r}: a bucket path has no empty, '.' or '..' parts "
                          f"(the store would take them as object names); expected {meant}")

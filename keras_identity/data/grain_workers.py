@@ -175,7 +175,7 @@ class Prefetcher:
                                                              prefetch_buffer_size=0))
         options = grain.MultiprocessingOptions(num_workers=self._workers,
                                                per_worker_buffer_size=BUFFER)
-        if not _EXIT_HOOK:  # after Grain's multiprocessing hooks: runs before them
+        if not _EXIT_HOOK:  # registered after multiprocessing's exit hook, so run before it
             _EXIT_HOOK.append(atexit.register(_close_open))
         self._iterator = iter(iterable.mp_prefetch(
             options, worker_init_fn=functools.partial(_exit_with_parent, os.getpid())))

@@ -29,7 +29,7 @@ _Field = descriptor_pb2.FieldDescriptorProto
 
 def _field(name, number, type_name=None, repeated=False):
     """A string field, or a message field of ``type_name`` (a full name)."""
-    field = _Field(name=name, number=number, json_name=name,
+    field = _Field(name=name, number=number,
                    label=_Field.LABEL_REPEATED if repeated else _Field.LABEL_OPTIONAL,
                    type=_Field.TYPE_MESSAGE if type_name else _Field.TYPE_STRING)
     if type_name:

@@ -12,6 +12,7 @@ from keras_identity.training import TrainConfig
 from keras_identity.training import TrainingDiverged
 from keras_identity.training import train
 from keras_identity.training import trainer
+from tests.training.test_run_files import _small  # a run small enough to resume
 
 
 def quiet(*_):
@@ -150,13 +151,6 @@ def test_missing_data_is_a_config_error(tmp_path):
 
 
 # --- a changed input never silently resumes a run (issue 20: 1, 3, 6, 8) ------
-
-def _small(tmp_path, **kwargs):
-    base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,
-                epochs=1, batch_size=64, verbose=0, model_dir=str(tmp_path / "run"))
-    base.update(kwargs)
-    return TrainConfig(**base)
-
 
 def test_a_run_may_only_grow(tmp_path):
     train(_small(tmp_path, epochs=2), quiet)
