@@ -401,3 +401,29 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
     lines = []
     assert train(_small(tmp_path, epochs=2, checkpoint_format="h5"), lines.append)["steps"] == 8
     assert any("resuming from the checkpoint at step 4" in l for l in lines)
+
+
+@pytest.mark.parametrize("latest, said", [
+    (None, "no checkpoint was written: free space and run the same command"),
+    (4, "the checkpoint of step 4 is intact: free space and run the same command to resume")])
+def test_a_failed_write_with_no_checkpoint_yet_says_none_was_written(monkeypatch, latest, said):
+    import errno
+    import types
+
+    from keras_identity.training import WriteError
+
+    def full(*_, **__):  # the disk fills during the first checkpoint's write
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer.preemption, "fit_resumable", full)
+    checkpointer = types.SimpleNamespace(latest_step=lambda: latest, directory="run/checkpoints")
+    recorder = types.SimpleNamespace(checkpointer=checkpointer, history=[],
+                                     epoch_progress=dict)
+    schedule = types.SimpleNamespace(steps_per_epoch=4, total_steps=8)
+    with pytest.raises(WriteError) as error:
+        trainer._fit_and_save(None, None, None, [], recorder, strategy=None, schedule=schedule,
+                              start_step=0, end_step=8, checkpointer=checkpointer,
+                              work_dir="run", verbose=0, print_fn=quiet)
+    message = str(error.value)
+    assert message == f"cannot write into run (No space left on device); {said}"
+    assert "None" not in message
