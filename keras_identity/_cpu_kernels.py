@@ -95,6 +95,14 @@ VALUES = ("0", "1", "false", "true")
 _TENSORFLOW_ONEDNN_FEATURES = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
                                "amx_bf16", "amx_int8")
 
+# The reason where TensorFlow was imported before choose ran (its kernels are
+# then its own choice, fixed at its import).
+IMPORTED_FIRST = "TensorFlow was imported before keras_identity chose"
+# What Eigen's kernels cost in training where oneDNN's could have run: fit's
+# step on a 2-core AVX2 EPYC, float32 (docs/performance.md, "TensorFlow's CPU
+# kernels"; benchmarks/results/avx2_cpu_kernels.json).
+EIGEN_TRAINING_COST = "ResNet-164 at 0.48x and ResNet-1001 at 0.73x oneDNN's speed"
+
 # Why the variable has its value: set by whom (see choose); None until chosen.
 _reason = None
 # The value keras_identity chose (None: TensorFlow's own, or the user's) and
@@ -200,7 +208,7 @@ def choose(path):
         _reason = "set by you"
         return os.environ[VARIABLE]
     if "tensorflow" in sys.modules:
-        _reason = "TensorFlow was imported before keras_identity chose"
+        _reason = IMPORTED_FIRST
         return None
     flags = cpu_flags()
     if not _x86() or "avx2" not in flags:
@@ -266,6 +274,27 @@ def _users_reason():
         return "set by you"
     return (f"{VARIABLE}={value!r} is not a value TensorFlow reads, so it made its own "
             f"choice for this CPU")
+
+
+def training_notice():
+    """One line for a training step on TensorFlow's CPU kernels where
+    keras_identity would have chosen oneDNN's and could not: TensorFlow was
+    imported before keras_identity (a program that imported Keras or
+    TensorFlow first), which fixed its kernels then, it runs Eigen's, the
+    user did not choose them, and the CPU is the x86 AVX2 class.  None
+    otherwise (also where TensorFlow is not imported).
+
+    Nothing keras_identity does after TensorFlow's import changes its
+    kernels: TensorFlow reads its choice once, when it is imported, and keeps
+    it for the process (``_pywrap_util_port.IsMklEnabled``)."""
+    if _reason != IMPORTED_FIRST or user_set() or onednn_enabled() is not False:
+        return None
+    if not _x86() or "avx2" not in cpu_flags():
+        return None
+    return (f"TensorFlow trains on its Eigen CPU kernels here, since it was imported "
+            f"before keras_identity and fixed its kernels then; on this CPU they train "
+            f"{EIGEN_TRAINING_COST}: import keras_identity before keras and tensorflow, or "
+            f"set {VARIABLE}=1 before they are imported (in a notebook, restart it)")
 
 
 def onednn_enabled():

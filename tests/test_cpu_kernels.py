@@ -316,3 +316,35 @@ def test_a_jax_run_names_no_tensorflow_kernels(tmp_path):
     run = [line for line in lines if line.startswith("LINE ")]
     assert any("Keras backend jax" in line for line in run), run
     assert not [line for line in run if "TensorFlow CPU kernels" in line], run
+
+
+def test_training_on_eigen_after_tensorflows_import_is_noticed_on_avx2(fresh):
+    # TensorFlow imported first (its kernels fixed then) and running Eigen's:
+    # the line names the cause, the remedy and the measured cost.
+    fresh.setitem(sys.modules, "tensorflow", object())
+    assert cpu_kernels.choose("training") is None
+    fresh.setattr(cpu_kernels, "onednn_enabled", lambda: False)
+    line = cpu_kernels.training_notice()
+    assert line == (
+        "TensorFlow trains on its Eigen CPU kernels here, since it was imported before "
+        "keras_identity and fixed its kernels then; on this CPU they train ResNet-164 at "
+        "0.48x and ResNet-1001 at 0.73x oneDNN's speed: import keras_identity before keras "
+        "and tensorflow, or set TF_ENABLE_ONEDNN_OPTS=1 before they are imported (in a "
+        "notebook, restart it)")
+    # Not where TensorFlow runs oneDNN's kernels, nor off the AVX2 x86 class,
+    # nor where the user chose the kernels, nor where keras_identity chose.
+    fresh.setattr(cpu_kernels, "onednn_enabled", lambda: True)
+    assert cpu_kernels.training_notice() is None
+    fresh.setattr(cpu_kernels, "onednn_enabled", lambda: False)
+    fresh.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"sse4_2"}))
+    assert cpu_kernels.training_notice() is None
+    fresh.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"avx2"}))
+    fresh.setattr(cpu_kernels, "_x86", lambda: False)
+    assert cpu_kernels.training_notice() is None
+    fresh.setattr(cpu_kernels, "_x86", lambda: True)
+    fresh.setenv(VARIABLE, "0")
+    assert cpu_kernels.training_notice() is None
+    fresh.delenv(VARIABLE)
+    assert cpu_kernels.training_notice() == line
+    fresh.setattr(cpu_kernels, "_reason", "keras_identity's choice for serving on AVX2")
+    assert cpu_kernels.training_notice() is None

@@ -42,6 +42,8 @@ What the forward loop keeps is set by ``recompute`` (:data:`RECOMPUTE`):
   forward again (one more forward pass of compute).
 """
 
+import logging
+
 import tensorflow as tf
 
 from keras_identity import _cpu_kernels
@@ -464,6 +466,27 @@ def inference_loop(program, inputs, kernels, biases, bns, epsilon, addition=None
     return y
 
 
+# Whether this process has checked the kernels it trains on (see slow_kernels_notice).
+_kernels_checked = False
+
+
+def slow_kernels_notice():
+    """Says once a process, at the first training step of a looped stage on a
+    CPU, where TensorFlow trains on Eigen's kernels because it was imported
+    before keras_identity (:func:`keras_identity._cpu_kernels.training_notice`:
+    the line names the cost and the remedy).  Returns the line, or None."""
+    global _kernels_checked
+    if _kernels_checked:
+        return None
+    _kernels_checked = True
+    if tf.config.list_physical_devices("GPU"):
+        return None
+    line = _cpu_kernels.training_notice()
+    if line:
+        logging.getLogger("keras_identity").warning(line)
+    return line
+
+
 def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
                addition=None):
     """``num_units`` units of ``program`` over stacked weights, in training mode.
@@ -479,6 +502,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
     forward loop keeps for it: with ``"unit"`` only each unit's input, and
     the backward loop runs the unit forward again before differentiating it.
     """
+    slow_kernels_notice()
     whole_units = recompute == "unit"
     num_units = kernels[0].shape[0]
     slots, kinds = saved_layout(program, recompute,

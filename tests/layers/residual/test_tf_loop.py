@@ -306,3 +306,49 @@ def test_the_fused_addition_changes_no_ordering(unit, use_bias):
         np.testing.assert_allclose(m1, m2, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
     assert sorted(fused[2]) == sorted(plain[2])
+
+
+# A program in the README's old order: TensorFlow imported (here with Eigen's
+# kernels, as TensorFlow chooses them itself on the AVX2 class) before
+# keras_identity, the variable then gone, as in a user's process.
+SLOW_ORDER = (
+    "import os\n"
+    "os.environ['TF_ENABLE_ONEDNN_OPTS'] = '0'\n"
+    "import tensorflow as tf, keras\n"
+    "del os.environ['TF_ENABLE_ONEDNN_OPTS']\n"
+    "import keras_identity as ki\n")
+FAST_ORDER = "import keras_identity as ki\nimport keras\n"
+TWO_STEPS = (
+    "import numpy as np\n"
+    "model = ki.models.preact_resnet(20, stage_mode='scan')\n"
+    "model.compile(keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
+    "x, y = np.random.rand(2, 32, 32, 3).astype('float32'), np.arange(2)\n"
+    "model.train_on_batch(x, y)\n"
+    "model.train_on_batch(x, y)\n"
+    "model.predict(x, verbose=0)\n"
+    "print('END', flush=True)\n")
+
+
+@pytest.mark.parametrize("order", ["slow", "fast"])
+def test_training_on_eigen_after_an_early_import_is_said_once(order):
+    # TensorFlow fixes its kernels when imported; a looped model's first
+    # training step says so once, in one line naming the remedy and the cost,
+    # where keras_identity came too late to choose oneDNN's (and never in the
+    # fast order).
+    code = (SLOW_ORDER if order == "slow" else FAST_ORDER) + TWO_STEPS
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("TF_ENABLE_ONEDNN_OPTS", "KERAS_IDENTITY_CHOSE_ONEDNN_OPTS")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                          capture_output=True, timeout=300,
+                          env=dict(environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="1"))
+    assert done.returncode == 0 and "END" in done.stdout, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "Eigen CPU kernels" in line]
+    avx2_x86 = unit_loop._cpu_kernels._x86() and "avx2" in unit_loop._cpu_kernels.cpu_flags()
+    if order == "fast" or not avx2_x86:
+        assert said == []
+        return
+    line, = said  # once, in two steps and a prediction
+    assert "imported before keras_identity" in line
+    assert "import keras_identity before keras and tensorflow" in line
+    assert "TF_ENABLE_ONEDNN_OPTS=1" in line
+    assert unit_loop._cpu_kernels.EIGEN_TRAINING_COST in line
