@@ -14,11 +14,13 @@ __all__ = ["cores", "describe", "result", "run_worker", "table"]
 
 def run_worker(args, env, timeout_s):
     """Runs ``python *args`` in a fresh process (``env`` added to this one's,
-    TensorFlow's C++ logs quiet); its ``RESULT``, or an error."""
+    a None value removing the variable; TensorFlow's C++ logs quiet); its
+    ``RESULT``, or an error."""
+    environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    environ = {name: value for name, value in environ.items() if value is not None}
     try:
         done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
-                              timeout=timeout_s)
+                              env=environ, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return dict(error=f"over --timeout_s={timeout_s}")
     return result(done)

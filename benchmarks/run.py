@@ -62,6 +62,13 @@ flags.DEFINE_list("tf_threads", ["auto"],
                   "TensorFlow's CPU thread pools, a row each: auto (the trainer's choice for "
                   "the batch: keras_identity.training.cpu_threads), tensorflow (TensorFlow's "
                   "own split), or a number of threads per operation.")
+flags.DEFINE_list("tf_imports", ["program"],
+                  "How a TensorFlow worker loads the library, a row each: program (as "
+                  "keras-identity-train: keras_identity's kernel choice and thread pools), "
+                  "quickstart (the README's order, keras_identity then Keras, and model.fit "
+                  "with TensorFlow's own pools), keras_first (Keras, and so TensorFlow, "
+                  "imported before keras_identity: TensorFlow's own kernels and pools). "
+                  "--tf_kernels and --tf_threads apply to program rows only.")
 flags.DEFINE_list("precisions", ["float32", "bfloat16"],
                   "float32, and bfloat16 (Keras mixed_bfloat16, PyTorch autocast; float16 "
                   "on a GPU).")
@@ -83,7 +90,7 @@ flags.DEFINE_boolean("build_optimizer", True,
 flags.DEFINE_integer("timeout_s", 1800, "Time limit of one measurement.")
 flags.DEFINE_string("output_json", "benchmarks/results/latest.json", "Where to write JSON.")
 flags.DEFINE_string("worker", None, "Internal: run one measurement, "
-                    "model:shortcut:mode:batch:precision:tf_threads, or 'peak'.")
+                    "model:shortcut:mode:batch:precision:tf_threads:tf_imports, or 'peak'.")
 
 # Dense bf16/fp16 peaks (TFLOP/s) of one device, for the 16-bit rows' model
 # FLOP utilisation: GPU tensor cores, and TPU chips by JAX's device_kind.
@@ -101,6 +108,8 @@ SHORTCUT_ARGS = {"identity": {}, "exclusive_gating": {"gate_bias_init": -6.0},
 PRECISIONS = ("float32", "bfloat16")
 # --tf_kernels: the TF_ENABLE_ONEDNN_OPTS of a TensorFlow worker (None: inherited).
 TF_KERNELS = {"default": None, "onednn": "1", "eigen": "0"}
+# --tf_imports: how a TensorFlow worker loads the library (see the flag).
+TF_IMPORTS = ("program", "quickstart", "keras_first")
 _MATMUL_SIZE = 2048
 
 
@@ -209,14 +218,23 @@ def _tf_threads(value, batch):
     return "TF's own" if sizes == (0, 0) else f"{sizes[0]} x {sizes[1]} ops"
 
 
-def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup, threads):
+def _measure_keras(depth, shortcut, mode, batch, precision, steps, warmup, threads,
+                   imports="program"):
     import numpy as np
-    import keras
 
-    import keras_identity as ki
+    if imports == "quickstart":  # the README's order: TensorFlow's kernels chosen first
+        import keras_identity as ki
+        import keras
+    else:  # a program's worker gets the choice from its parent (see main)
+        import keras
 
-    threads_cell = (_tf_threads(threads, batch) if keras.backend.backend() == "tensorflow"
-                    else None)
+        import keras_identity as ki
+
+    tensorflow = keras.backend.backend() == "tensorflow"
+    if tensorflow and imports == "program":
+        threads_cell = _tf_threads(threads, batch)
+    else:
+        threads_cell = "TF's own" if tensorflow else None
 
     if precision == "bfloat16":
         gpu = any(d.startswith("gpu") for d in keras.distribution.list_devices())
@@ -265,9 +283,9 @@ def _worker(spec):
     if spec == "peak":
         print("RESULT " + json.dumps(_measure_peak()), flush=True)
         return
-    model, shortcut, mode, batch, precision, threads = spec.split(":")
+    model, shortcut, mode, batch, precision, threads, imports = spec.split(":")
     result = _measure_keras(_depth(model), shortcut, mode, int(batch), precision, FLAGS.steps,
-                            FLAGS.warmup, threads)
+                            FLAGS.warmup, threads, imports)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -301,10 +319,14 @@ def _measure(config):
                     + ([f"--expected_parameters={config['expected_params']}"]
                        if config.get("expected_params") else []), {})
     spec = ":".join([config["model"], config["shortcut"], config["mode"], str(config["batch"]),
-                     config["precision"], config.get("threads", "auto")])
+                     config["precision"], config.get("threads", "auto"),
+                     config.get("imports", "program")])
     env = {"KERAS_BACKEND": config["backend"]}
     if TF_KERNELS.get(config.get("kernels")) is not None:
         env[cpu_kernels.VARIABLE] = TF_KERNELS[config["kernels"]]
+    if config.get("imports", "program") != "program" and not cpu_kernels.user_set():
+        # A library user's process: no choice of ours inherited (main's is for programs).
+        env.update({cpu_kernels.VARIABLE: None, cpu_kernels.MARK: None})
     return _run(config["backend"], ["-m", "benchmarks.run", f"--worker={spec}", f"--steps={FLAGS.steps}",
                  f"--warmup={FLAGS.warmup}",
                  f"--{'' if FLAGS.jit_compile else 'no'}jit_compile",
@@ -367,6 +389,7 @@ def _check_flags():
     check("shortcuts", FLAGS.shortcuts, SHORTCUT_ARGS)
     check("precisions", FLAGS.precisions, PRECISIONS)
     check("tf_kernels", FLAGS.tf_kernels, TF_KERNELS)
+    check("tf_imports", FLAGS.tf_imports, TF_IMPORTS)
     for value in FLAGS.tf_threads:
         if value not in ("auto", "tensorflow") and not (value.isdigit() and int(value) > 0):
             raise ValueError(f"--tf_threads: {value!r} is not valid; expected auto, tensorflow "
@@ -386,10 +409,16 @@ def _configs(model, depth, batch):
         if "tensorflow" in FLAGS.backends:
             for shortcut in FLAGS.shortcuts:
                 for mode in FLAGS.modes if shortcut == "identity" else FLAGS.shortcut_modes:
-                    for kernels in FLAGS.tf_kernels:
-                        for threads in FLAGS.tf_threads:
+                    for imports in FLAGS.tf_imports:
+                        if imports != "program":  # the library's own kernels and pools
                             rows.append(dict(common, backend="tensorflow", shortcut=shortcut,
-                                             mode=mode, kernels=kernels, threads=threads))
+                                             mode=mode, imports=imports))
+                            continue
+                        for kernels in FLAGS.tf_kernels:
+                            for threads in FLAGS.tf_threads:
+                                rows.append(dict(common, backend="tensorflow",
+                                                 shortcut=shortcut, mode=mode, kernels=kernels,
+                                                 threads=threads, imports=imports))
         if "jax" in FLAGS.backends and "identity" in FLAGS.shortcuts:
             for mode in FLAGS.jax_modes:
                 rows.append(dict(common, backend="jax", shortcut="identity", mode=mode))
@@ -426,6 +455,7 @@ def _annotate(rows, depth, peaks):
                               and r["backend"] == "tensorflow" and r["mode"] == "scan"
                               and row.get("kernels") in (None, r.get("kernels"))
                               and row.get("threads") in (None, r.get("threads"))
+                              and row.get("imports") in (None, r.get("imports"))
                               and "first_step_s" in r), None)
         flops = 3 * forward_flops(depth, shortcut=row["shortcut"])  # forward + backward
         speed = row.get("images_per_s")
@@ -475,6 +505,7 @@ def main(argv):
 
     columns = [("model", "model", "{}"), ("backend", "backend", "{}"),
                ("shortcut", "shortcut", "{}"), ("mode", "mode", "{}"),
+               ("imports", "imported as", "{}"),
                ("cpu_kernels", "TF kernels", "{}"),
                ("tf_threads_used", "TF threads per op x ops", "{}"),
                ("precision", "precision", "{}"),
@@ -487,7 +518,9 @@ def main(argv):
                ("tflops_per_s", "TFLOP/s", "{:.3f}"), ("mfu", "MFU", "{:.1%}")]
     if "tensorflow" not in FLAGS.backends:
         columns = [column for column in columns
-                   if column[0] not in ("cpu_kernels", "tf_threads_used")]
+                   if column[0] not in ("cpu_kernels", "tf_threads_used", "imports")]
+    elif FLAGS.tf_imports == ["program"]:
+        columns = [column for column in columns if column[0] != "imports"]
     shown = [dict(row, build_s=f"failed: {row['error']}") if "error" in row else row
              for row in rows]
     torch_version = next((r["torch"] for r in rows if "torch" in r), None)

@@ -78,6 +78,29 @@ def test_small_run_writes_table_and_json(tmp_path):
     assert rows[2]["params"] == rows[0]["params"]
 
 
+@default_route
+def test_the_library_paths_choose_for_themselves(tmp_path):
+    # The quickstart's order (keras_identity first) gets keras_identity's
+    # training kernels without the parent's choice; Keras first gets
+    # TensorFlow's own for the CPU; neither gets the trainer's thread pools.
+    out = tmp_path / "bench.json"
+    result = _cli("--models=preact_resnet11", "--modes=scan", "--notorch",
+                  "--batch_sizes=preact_resnet11:4", "--steps=2", "--warmup=0",
+                  "--backends=tensorflow", "--precisions=float32", "--repeats=1",
+                  "--tf_imports=program,quickstart,keras_first", f"--output_json={out}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["imports"] for row in rows] == ["program", "quickstart", "keras_first"]
+    avx2_x86 = platform.machine() == "x86_64" and "avx2" in cpu_kernels.cpu_flags()
+    if avx2_x86:
+        assert rows[0]["cpu_kernels"] == rows[1]["cpu_kernels"] == "oneDNN"
+        own = "oneDNN" if cpu_kernels.tensorflow_default() else "Eigen"
+        assert rows[2]["cpu_kernels"] == own
+    assert rows[1]["tf_threads_used"] == rows[2]["tf_threads_used"] == "TF's own"
+    assert "| imported as |" in result.stdout
+    assert "| preact_resnet11 | tensorflow | identity | scan | keras_first |" in result.stdout
+
+
 def test_forward_flops_of_the_basic_nets():
     # ResNet-110: 18 units of two 3x3 convolutions per stage, option A shortcuts
     # (no projection): about 0.25 G multiply-adds per image, as ResNet-164.
@@ -117,6 +140,7 @@ def test_pytorch_worker_imports_neither_tensorflow_nor_keras(tmp_path):
     (["--precisions=float16"], ["--precisions", "'float16'"]),
     (["--repeats=0"], ["--repeats=0"]),
     (["--tf_threads=many"], ["--tf_threads", "'many'", "auto, tensorflow"]),
+    (["--tf_imports=notebook"], ["--tf_imports", "'notebook'", "quickstart, keras_first"]),
 ])
 def test_bad_flags_exit_with_one_line(args, words):
     result = _cli(*args, "--notorch")
