@@ -25,6 +25,17 @@ bucket's type over gRPC, which an emulator does not answer (a minute's wait
 per bucket), is turned off; and no credentials are looked for.  A user's own
 setting of the probe is kept.
 
+A store that stops answering (a stalled connection, a throttled bucket)
+never holds a run for good: a request the store leaves unanswered for
+:data:`STORE_TIMEOUT_S` seconds (connecting, or between two bytes of its
+answer) fails and is retried by gcsfs, and each call of this module (one
+file's read, write, listing, ... with those retries) is given up after
+:data:`CALL_REQUESTS` times that, as one :class:`StorageError` line naming
+the path (a run's checkpoint then fails in one line, and the run exits).  ``KERAS_IDENTITY_STORE_TIMEOUT_S`` sets the seconds (the tests
+set a few).  Once a call of a store timed out, the process's later calls
+of it (a lock's release, at the run's end) wait one request's time, at
+most :data:`AFTER_STALL_S` seconds, each.
+
 One module, one concept, past 600 lines: the file layer is a flat list of
 short calls (exists, read, write, rename, remove, upload, ...) that each pair
 a local branch with a bucket branch over the same error wording; split by
@@ -32,8 +43,10 @@ call they would share this module's private state (the file systems, the
 emulator settings, the error translation) instead of public functions.
 """
 
+import asyncio
 import contextlib
 import errno
+import functools
 import json
 import math
 import os
@@ -67,6 +80,39 @@ def _configure_environment():
 
 
 _configure_environment()
+
+
+# The bounded wait on a store that stops answering (see the module's docstring).
+STORE_TIMEOUT_VARIABLE = "KERAS_IDENTITY_STORE_TIMEOUT_S"
+STORE_TIMEOUT_S = 120.0   # default: one request unanswered this long fails (and is retried)
+CALL_REQUESTS = 3         # one call of this module waits at most this many times that
+AFTER_STALL_S = 10.0      # a call after a store timed out: at most this (and one request's)
+_STALLED = set()          # the buckets a call timed out on in this process
+
+
+def store_timeout():
+    """The seconds a request may go unanswered (``KERAS_IDENTITY_STORE_TIMEOUT_S``,
+    else :data:`STORE_TIMEOUT_S`); a value that is no positive number of
+    seconds is a ``ValueError`` in one line."""
+    text = os.environ.get(STORE_TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return STORE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{STORE_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
+                         f"expected a positive number (default {STORE_TIMEOUT_S:g}), or unset it")
+    return value
+
+
+def _call_deadline(path):
+    """The seconds one call of this module on ``path`` may wait."""
+    deadline = CALL_REQUESTS * store_timeout()
+    if bucket_of(path) in _STALLED:
+        deadline = min(deadline, store_timeout(), AFTER_STALL_S)
+    return deadline
 
 
 class StorageError(OSError):
@@ -169,9 +215,17 @@ def _filesystem(found, name="model_dir"):
             import fsspec
 
             options = {}
-            if found == "gs" and _emulator():
-                options["token"] = "anon"  # an emulator takes no credentials
-                _without_bucket_probe(fsspec)
+            if found == "gs":
+                import aiohttp
+
+                # gcsfs's default is no timeout at all: a stalled store held
+                # a run for good.  A request that times out is retried by gcsfs.
+                seconds = store_timeout()
+                options["requests_timeout"] = aiohttp.ClientTimeout(
+                    total=None, sock_connect=seconds, sock_read=seconds)
+                if _emulator():
+                    options["token"] = "anon"  # an emulator takes no credentials
+                    _without_bucket_probe(fsspec)
             _FILESYSTEMS[found] = fsspec.filesystem(found, **options)
         except ImportError:
             raise ValueError(f"{name}: {found}:// paths need the {_PACKAGES[found]} package, "
@@ -191,8 +245,28 @@ def _without_bucket_probe(fsspec):
         fsspec.register_implementation(protocol, GCSFileSystem, clobber=True)
 
 
+# The file systems' calls this module makes: each is given a deadline.
+_BOUNDED_CALLS = frozenset({"exists", "info", "ls", "cat_file", "pipe_file", "rm_file", "call",
+                            "cp_file", "put_file", "get_file", "size", "find"})
+
+
+class _Bounded:
+    """A store's file system whose calls (:data:`_BOUNDED_CALLS`) are
+    cancelled after :func:`_call_deadline` (fsspec's ``timeout``: a
+    ``FSTimeoutError``, which :func:`_remote_errors` words)."""
+
+    def __init__(self, fs, path):
+        self._fs, self._path = fs, path
+
+    def __getattr__(self, name):
+        attribute = getattr(self._fs, name)
+        if name not in _BOUNDED_CALLS:
+            return attribute
+        return functools.partial(attribute, timeout=_call_deadline(self._path))
+
+
 def _fs(path):
-    return _filesystem(scheme(path))
+    return _Bounded(_filesystem(scheme(path)), path)
 
 
 def describe(error):
@@ -231,6 +305,13 @@ def _remote_errors(path, doing):
                                              f"this account cannot see it); {doing} {path} "
                                              f"failed") from None
         raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from error
+    except asyncio.TimeoutError:  # fsspec's FSTimeoutError: the call's deadline passed
+        waited = _call_deadline(path)
+        _STALLED.add(bucket_of(path))
+        raise StorageError(
+            errno.ETIMEDOUT, f"{doing} {path} failed: the store did not answer in {waited:g} s "
+                             f"({STORE_TIMEOUT_VARIABLE}={store_timeout():g} s a request, "
+                             f"retried); check that the bucket answers") from None
     except Exception as error:  # gcsfs/aiohttp/google.auth errors
         raise StorageError(errno.EIO, f"{doing} {path} failed: {describe(error)}") from None
 

@@ -201,3 +201,44 @@ def gcs_emulator(tmp_path_factory):
             else:
                 os.environ[name] = value
         _stop_emulator(process)
+
+
+# `stalling_gcs_emulator` (one test's): an emulator of its own (not the
+# session's, which the other tests share) that the test can stop answering:
+# `stall()` stops its process (SIGSTOP: connections are accepted by the
+# kernel and never answered, as a stalled store's), `resume()` lets it go on.
+# Its `url` is for the programs the test runs (the test's own process keeps
+# the session's settings).
+
+class StallingGcsEmulator(GcsEmulator):
+    def __init__(self, url, bucket, process):
+        super().__init__(url, bucket)
+        self.process = process
+
+    def stall(self):
+        import signal
+
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        import signal
+
+        self.process.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def stalling_gcs_emulator(tmp_path):
+    import importlib.util
+
+    for module, package in (("gcp_storage_emulator", "gcp-storage-emulator"),
+                            ("gcsfs", "gcsfs")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"the GCS emulator tests need {package}, which is not installed "
+                        f"(pip install -e '.[test]' gcsfs)")
+    process, url = _start_emulator(tmp_path / "stalling_emulator.log", "keras-identity-stalls")
+    emulator = StallingGcsEmulator(url, "keras-identity-stalls", process)
+    try:
+        yield emulator
+    finally:
+        emulator.resume()
+        _stop_emulator(process)

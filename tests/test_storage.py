@@ -486,7 +486,7 @@ def test_the_emulator_gets_no_bucket_probe(bucket_root):
     """gcsfs, imported before STORAGE_EMULATOR_HOST was set (here: by the
     fixture), chose its experimental class, whose probe of each bucket over
     gRPC an emulator never answers: the store's client is the plain one."""
-    assert type(storage._fs(bucket_root)).__module__ == "gcsfs.core"
+    assert type(storage._filesystem(storage.scheme(bucket_root))).__module__ == "gcsfs.core"
 
 
 def test_local_generation_changes_within_one_clock_tick(tmp_path):

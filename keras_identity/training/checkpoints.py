@@ -412,7 +412,7 @@ def write_error(directory, step, error, previous):
     """The :class:`WriteError` of a checkpoint of ``step`` that could not be
     written into ``directory`` for ``error``; ``previous``: the step of the
     checkpoint still intact (None: none)."""
-    cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:240]
+    cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:400]
     fix = ("free space" if out_of_space(error) else
            f"make {directory} writable" if isinstance(error, PermissionError)
            else "fix the cause")

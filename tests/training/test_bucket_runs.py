@@ -509,3 +509,45 @@ def test_an_orbax_checkpoint_without_its_commit_in_a_bucket_is_not_resumed_nor_o
     np.testing.assert_allclose(_losses(run), _losses(straight[0]), rtol=1e-5)
     names = sorted({f.split("/")[0] for f in storage.list_files(folder)})
     assert names == ["ckpt_000000008", "ckpt_000000012", "ckpt_000000012.unread"]
+
+
+def test_a_store_that_stops_answering_stops_the_run_in_one_line(stalling_gcs_emulator,
+                                                                 tmp_path):
+    # The store is stopped (SIGSTOP) once the first epoch ends, while its
+    # checkpoint or the next one is written; the run used to wait for good.
+    # HDF5 checkpoints (through keras_identity.storage) on either backend.
+    model_dir = stalling_gcs_emulator("stalled")
+    cwd, tmp = _machine(tmp_path, "stalled")
+    env = dict(_env(stalling_gcs_emulator, tmp), KERAS_IDENTITY_STORE_TIMEOUT_S="1")
+    proc = subprocess.Popen(_command(model_dir, "--train_steps=12", "--checkpoint_format=h5"),
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        stalling_gcs_emulator.stall()
+        status = proc.wait(timeout=60)   # the code before: no answer, no exit
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status not in (0, None), stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = error_lines(stderr)
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"error: cannot write ") and model_dir in lines[0], lines
+    # 3 s for the first call that met the stall, 1 s for each one after it.
+    assert re.search(r"failed: the store did not answer in [13] s \(KERAS_IDENTITY_STORE_"
+                     r"TIMEOUT_S=1 s a request, retried\); check that the bucket answers",
+                     lines[0]), lines
+
+
+def test_the_store_timeout_setting_is_checked_in_one_line(monkeypatch):
+    monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError) as error:
+        storage.store_timeout()
+    assert str(error.value) == ("KERAS_IDENTITY_STORE_TIMEOUT_S='soon' is not a number of "
+                                "seconds; expected a positive number (default 120), or unset it")
+    monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "2.5")
+    assert storage.store_timeout() == 2.5
+    monkeypatch.delenv("KERAS_IDENTITY_STORE_TIMEOUT_S")
+    assert storage.store_timeout() == storage.STORE_TIMEOUT_S == 120
