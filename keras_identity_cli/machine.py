@@ -1,5 +1,6 @@
 """Names the machine a benchmark or an experiment ran on."""
 
+import os
 import platform
 
 from keras_identity_cli._preload import cpu_kernels
@@ -28,6 +29,14 @@ def describe():
     if vector:
         cpu += f" ({', '.join(vector)})"
     text = f"{cpu}, {cores()} cores"
+    # A cap on the vector units oneDNN may use (both frameworks read it): the
+    # stated proxy for a CPU without the ones above it (e.g. AVX2 on AVX-512).
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    if cap:
+        text += f", oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA)"
+    aten = os.environ.get("ATEN_CPU_CAPABILITY")
+    if aten:
+        text += f", PyTorch's ATen capped at {aten}"
     try:
         import tensorflow as tf
 
