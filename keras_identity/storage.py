@@ -48,6 +48,7 @@ import contextlib
 import errno
 import functools
 import json
+import logging
 import math
 import os
 import posixpath
@@ -223,14 +224,60 @@ def _filesystem(found, name="model_dir"):
                 seconds = store_timeout()
                 options["requests_timeout"] = aiohttp.ClientTimeout(
                     total=None, sock_connect=seconds, sock_read=seconds)
+                # etils.epath's one option (Orbax's client): the same client (_shared).
+                options["finalize_on_close"] = True
                 if _emulator():
                     options["token"] = "anon"  # an emulator takes no credentials
                     _without_bucket_probe(fsspec)
-            _FILESYSTEMS[found] = fsspec.filesystem(found, **options)
+            _quiet_client_logs()
+            _FILESYSTEMS[found] = _shared(fsspec, found, options)
         except ImportError:
             raise ValueError(f"{name}: {found}:// paths need the {_PACKAGES[found]} package, "
                              f"which is not installed: pip install {_PACKAGES[found]}") from None
     return _FILESYSTEMS[found]
+
+
+class _RaisedErrors(logging.Filter):
+    """Drops the store clients' error logs of an exception they raise to the
+    caller (gcsfs's ``... out of retries on exception`` and ``... non-retriable
+    exception``, fsspec's read-ahead's errors), each with a traceback: the
+    caller (this module, or Orbax) says it in one line."""
+
+    def filter(self, record):
+        if record.levelno < logging.ERROR:
+            return True
+        if record.name == "gcsfs":
+            message = str(record.msg)
+            return not ("out of retries on exception" in message
+                        or "non-retriable exception" in message)
+        return record.name != "fsspec.prefetcher"
+
+
+def _quiet_client_logs():
+    for name in ("gcsfs", "fsspec.prefetcher"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RaisedErrors) for f in logger.filters):
+            logger.addFilter(_RaisedErrors())
+
+
+_SHARED = {}   # (store, option) -> the value this module made fsspec's default
+
+
+def _shared(fsspec, found, options):
+    """The store's client, made with ``options`` set as fsspec's defaults for
+    it (a user's own settings kept), so that the client fsspec makes for
+    another library with no options of its own (Orbax's ``etils.epath``) is
+    this one (fsspec keeps one client per options): the same timeouts, and
+    one listing cache, which this module's writes, renames and removals keep
+    current (Orbax listed a checkpoint set aside here, and refused to write
+    its step again)."""
+    import fsspec.config
+
+    defaults = fsspec.config.conf.setdefault(found, {})
+    for key, value in options.items():
+        if key not in defaults or _SHARED.get((found, key)) == defaults[key]:
+            defaults[key] = _SHARED[(found, key)] = value
+    return fsspec.filesystem(found)
 
 
 def _without_bucket_probe(fsspec):

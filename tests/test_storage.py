@@ -543,3 +543,32 @@ def test_a_model_starts_from_weights_in_a_bucket(gcs_emulator, tmp_path):
         models.highway_net(depth=3, input_shape=(8, 8, 1), num_classes=3,
                            weights=storage.join(gcs_emulator("weights"), "missing.keras"))
     keras.backend.clear_session()
+
+
+def test_the_clients_logs_of_errors_they_raise_are_dropped(bucket_root, caplog):
+    import logging
+
+    storage.exists(bucket_root)   # the client made: its filters installed
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Keep(level=logging.DEBUG)
+    for name in ("gcsfs", "fsspec.prefetcher"):
+        logging.getLogger(name).addHandler(handler)
+    try:
+        try:
+            raise ConnectionError("Cannot connect to host localhost:1")
+        except ConnectionError as error:
+            # gcsfs logs these with a traceback, then raises them to the caller.
+            logging.getLogger("gcsfs").exception(f"_request out of retries on exception: {error}")
+            logging.getLogger("gcsfs").exception(f"_request non-retriable exception: {error}")
+            logging.getLogger("fsspec.prefetcher").exception("Consumer caught an error.")
+            logging.getLogger("gcsfs").error("something else went wrong")
+        logging.getLogger("gcsfs").warning("_request out of retries, a warning")
+    finally:
+        for name in ("gcsfs", "fsspec.prefetcher"):
+            logging.getLogger(name).removeHandler(handler)
+    assert records == ["something else went wrong", "_request out of retries, a warning"]

@@ -182,7 +182,7 @@ class Checkpointer:
                     storage.remove(own_state)
             except OSError:
                 pass
-            raise write_error(self.directory, step, error, self.latest_step()) from None
+            raise write_error(self.directory, step, error, self.intact_step()) from None
         self._remove_old()
 
     def _remove_old(self):
@@ -223,6 +223,18 @@ class Checkpointer:
                 storage.rename(own, own + aside[len(path):])
         warnings.warn(f"kept the checkpoint {storage.basename(path)}, which this run did not "
                       f"write, as {storage.basename(aside)}.", stacklevel=3)
+
+    def intact_step(self):
+        """The step of the newest readable checkpoint; None when there is
+        none; :data:`UNKNOWN` when the folder cannot be read now (a store
+        that does not answer: its checkpoints are not said to be none)."""
+        try:
+            state = self.latest()
+        except CheckpointError:
+            return None
+        except OSError:
+            return UNKNOWN
+        return None if state is None else state["step"]
 
     def latest_step(self):
         """The step of the latest readable checkpoint, or None."""
@@ -408,19 +420,32 @@ def aside_name(path):
     return aside
 
 
+# Checkpointer.intact_step's answer when the checkpoints cannot be read now.
+UNKNOWN = "unknown"
+
+
+def intact_words(previous, fix):
+    """What a write error says of the checkpoints (``previous``: the step of
+    the one still intact, None: none, :data:`UNKNOWN`) and what to do."""
+    if previous is None:
+        return f"no checkpoint was written: {fix} and run the same command"
+    if previous == UNKNOWN:
+        return (f"the checkpoints written before are intact (they cannot be listed now): "
+                f"{fix} and run the same command to resume")
+    return f"the checkpoint of step {previous} is intact: {fix} and run the same command " \
+           f"to resume"
+
+
 def write_error(directory, step, error, previous):
     """The :class:`WriteError` of a checkpoint of ``step`` that could not be
     written into ``directory`` for ``error``; ``previous``: the step of the
-    checkpoint still intact (None: none)."""
+    checkpoint still intact (None: none; :data:`UNKNOWN`: not known now)."""
     cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:400]
     fix = ("free space" if out_of_space(error) else
            f"make {directory} writable" if isinstance(error, PermissionError)
            else "fix the cause")
-    return WriteError(
-        f"cannot write the checkpoint of step {step} into {directory} ({cause}); "
-        + (f"the checkpoint of step {previous} is intact: {fix} and run the same "
-           f"command to resume" if previous is not None else
-           f"no checkpoint was written: {fix} and run the same command"))
+    return WriteError(f"cannot write the checkpoint of step {step} into {directory} "
+                      f"({cause}); {intact_words(previous, fix)}")
 
 
 def _weights_bytes(model):

@@ -54,6 +54,7 @@ import json
 import logging
 import os
 import re
+import sys
 import warnings
 
 import numpy as np
@@ -96,6 +97,39 @@ def _quiet_errors():
     logger = logging.getLogger("absl")  # Orbax logs through absl.logging
     if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
         logger.addFilter(_OrbaxErrors())
+
+
+def _late_callback(unraisable):
+    """Whether an unraisable error is a TensorStore future's callback that
+    completed after the asyncio loop that awaited it was closed (Orbax runs
+    each of its reads and writes in a loop of its own): TensorStore reports
+    it with no object, its traceback asyncio's check of the closed loop
+    alone.  Nothing waits for that result any more (its loop is gone)."""
+    error, trace = unraisable.exc_value, unraisable.exc_traceback
+    if unraisable.object is not None or not isinstance(error, RuntimeError) \
+            or str(error) != "Event loop is closed" or trace is None:
+        return False
+    while trace.tb_next is not None:
+        trace = trace.tb_next
+    code = trace.tb_frame.f_code
+    return code.co_name == "_check_closed" and \
+        os.path.basename(os.path.dirname(code.co_filename)) == "asyncio"
+
+
+def _quiet_late_callbacks():
+    """Keeps :func:`_late_callback`'s tracebacks (dozens, when a store fails
+    or a checkpoint is passed over) off stderr; every other unraisable error
+    goes to the hook that was there."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_keras_identity", False):
+        return
+
+    def hook(unraisable):
+        if not _late_callback(unraisable):
+            previous(unraisable)
+
+    hook._keras_identity = True
+    sys.unraisablehook = hook
 
 
 def _name(step):
@@ -150,6 +184,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         import orbax.checkpoint as ocp
 
         _quiet_errors()
+        _quiet_late_callbacks()
         return ocp
 
     def _checkpoints(self):
@@ -161,6 +196,9 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                 max_to_keep=None,  # the keep policy is this module's: only the run's own
                 step_prefix=_PREFIX, step_format_fixed_length=_DIGITS, create=False,
                 enable_async_checkpointing=True)
+            if storage.is_remote(self.directory):
+                # The store's client made first, so that Orbax's (etils.epath's) is it.
+                storage.check_path(self.directory)
             root = (self.directory if storage.is_remote(self.directory)
                     else os.path.abspath(self.directory))  # TensorStore's paths are absolute
             self._manager = ocp.CheckpointManager(root, options=options, item_handlers={
@@ -368,12 +406,16 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
 
     def close(self):
         """Waits for the checkpoint being written and stops Orbax's threads;
-        never raises: a failure is a warning (the run ends with its own
-        error, or its stop)."""
+        never raises: a failure is a warning, but where the caller is ending
+        with an error of its own (raised through the ``finally`` that calls
+        this), which then is the run's one line (the store that failed this
+        write failed that too), or its stop."""
+        ending_with_an_error = sys.exc_info()[1] is not None
         try:
             self.finish()
         except checkpoints.WriteError as error:
-            warnings.warn(str(error), stacklevel=2)
+            if not ending_with_an_error:
+                warnings.warn(str(error), stacklevel=2)
         manager, self._manager = self._manager, None
         try:
             if manager is not None:
@@ -388,7 +430,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         steps = list(self._steps_written)
         if self._continued_step >= 0:
             steps.append(self._continued_step)
-        return max(steps) if steps else self.latest_step()
+        return max(steps) if steps else self.intact_step()
 
     def _clean(self, step):
         """Removes what a failed write of ``step`` left (process 0: Orbax's

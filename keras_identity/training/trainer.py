@@ -313,12 +313,9 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, 
         if not (checkpoints.out_of_space(error) or isinstance(error, storage.StorageError)):
             raise
         fix = "free space" if checkpoints.out_of_space(error) else "fix the cause"
-        intact = checkpointer.latest_step()
         raise checkpoints.WriteError(
             f"cannot write into {work_dir} ({error.strerror or error}); "
-            + (f"the checkpoint of step {intact} is intact: {fix} and run the same command "
-               f"to resume" if intact is not None else
-               f"no checkpoint was written: {fix} and run the same command")) from None
+            f"{checkpoints.intact_words(checkpointer.intact_step(), fix)}") from None
     except Exception as error:  # an image that stops the input stream, named in one line
         data_error = data_errors.as_data_error(error)
         if data_error is None:

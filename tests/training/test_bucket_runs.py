@@ -551,3 +551,34 @@ def test_the_store_timeout_setting_is_checked_in_one_line(monkeypatch):
     assert storage.store_timeout() == 2.5
     monkeypatch.delenv("KERAS_IDENTITY_STORE_TIMEOUT_S")
     assert storage.store_timeout() == storage.STORE_TIMEOUT_S == 120
+
+
+def _no_tracebacks(stderr):
+    for noise in ("Traceback", "Event loop is closed", "out of retries", "prefetcher"):
+        assert noise not in stderr, stderr[-3000:]
+
+
+@pytest.mark.skipif(not ORBAX, reason="Orbax checkpoints (the JAX route's)")
+def test_a_passed_over_orbax_checkpoint_in_a_bucket_is_set_aside_and_the_run_goes_on(
+        gcs_emulator, tmp_path):
+    # The newest checkpoint's array index deleted: the run resumes from the
+    # one before, with a warning, and no tracebacks.  Orbax's client
+    # (etils.epath's) kept a listing of its own, so the checkpoint set aside
+    # was still listed there: it read the moved files (fsspec's read-ahead
+    # logged tracebacks) and refused to write that step again ("Checkpoint
+    # for step 8 already exists"); they are one client now.
+    model_dir = gcs_emulator("no-manifest")
+    first = _train(gcs_emulator, _machine(tmp_path, "first"), model_dir, "--train_steps=8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    storage.remove(storage.join(model_dir, "checkpoints", "ckpt_000000008", "weights",
+                                "manifest.ocdbt"))
+    done = _train(gcs_emulator, _machine(tmp_path, "second"), model_dir, "--train_steps=12")
+    assert done.returncode == 0, done.stderr[-3000:]
+    _no_tracebacks(done.stderr)
+    assert "resuming from the checkpoint at step 4 " in done.stdout
+    warned = [line for line in done.stderr.splitlines() if "UserWarning" in line]
+    assert len(warned) == 2 and "skipped unreadable checkpoint(s) ckpt_000000008" in \
+        warned[0] and "kept ckpt_000000008, a checkpoint this run did not write and cannot " \
+        "read, as ckpt_000000008.unread." in warned[1], warned
+    names = storage.listdir(storage.join(model_dir, "checkpoints"))
+    assert names == ["ckpt_000000008", "ckpt_000000008.unread", "ckpt_000000012"], names

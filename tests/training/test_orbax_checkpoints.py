@@ -328,3 +328,48 @@ def test_a_bracketed_path_is_refused_before_the_first_step(tmp_path, name):
     assert train(_config(tmp_path / name, epochs=1, checkpoint_format="h5"),
                  quiet)["steps"] == 4
     assert train(_config(tmp_path / "lone[", epochs=1), quiet)["steps"] == 4
+
+
+_LATE_CALLBACK = r"""
+import asyncio, sys, time
+import tensorstore as ts
+from keras_identity.training import orbax_checkpoints
+orbax_checkpoints._quiet_late_callbacks()
+
+# A TensorStore future awaited in a loop that is closed before it completes
+# (as Orbax's reads and writes are when a store fails): its callback meets
+# the closed loop.
+promise, future = ts.Promise.new()
+
+async def wait_briefly():
+    asyncio.ensure_future(future)
+    await asyncio.sleep(0.01)
+
+loop = asyncio.new_event_loop()
+loop.run_until_complete(wait_briefly())
+loop.close()
+promise.set_result(1)
+time.sleep(0.2)
+
+class Broken:   # any other unraisable error is still printed
+    def __del__(self):
+        raise ValueError("a real error")
+
+broken = Broken()
+del broken
+print("done")
+"""
+
+
+def test_late_tensorstore_callbacks_print_no_event_loop_is_closed_tracebacks():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    result = subprocess.run([sys.executable, "-c", _LATE_CALLBACK], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-3000:]
+    assert "Event loop is closed" not in result.stderr, result.stderr[-3000:]
+    assert "ValueError: a real error" in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("Traceback") == 1, result.stderr[-3000:]

@@ -405,18 +405,28 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
 
 @pytest.mark.parametrize("latest, said", [
     (None, "no checkpoint was written: free space and run the same command"),
-    (4, "the checkpoint of step 4 is intact: free space and run the same command to resume")])
+    (4, "the checkpoint of step 4 is intact: free space and run the same command to resume"),
+    # A store that does not answer now: its checkpoints are not said to be none.
+    (OSError, "the checkpoints written before are intact (they cannot be listed now): free "
+              "space and run the same command to resume")])
 def test_a_failed_write_with_no_checkpoint_yet_says_none_was_written(monkeypatch, latest, said):
     import errno
     import types
 
     from keras_identity.training import WriteError
+    from keras_identity.training import checkpoints
 
     def full(*_, **__):  # the disk fills during the first checkpoint's write
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(trainer.preemption, "fit_resumable", full)
-    checkpointer = types.SimpleNamespace(latest_step=lambda: latest, directory="run/checkpoints")
+    def newest():
+        if latest is OSError:
+            raise OSError("the store cannot be reached")
+        return None if latest is None else {"step": latest}
+
+    checkpointer = types.SimpleNamespace(directory="run/checkpoints", latest=newest)
+    checkpointer.intact_step = lambda: checkpoints.Checkpointer.intact_step(checkpointer)
     recorder = types.SimpleNamespace(checkpointer=checkpointer, history=[],
                                      epoch_progress=dict)
     schedule = types.SimpleNamespace(steps_per_epoch=4, total_steps=8)
