@@ -403,6 +403,24 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             warnings.warn(f"could not remove an older checkpoint in {self.directory} "
                           f"({type(error).__name__}: {' '.join(str(error).split())[:160]}); "
                           f"it stays.", stacklevel=2)
+        try:
+            self._remove_stale_temporaries(step)
+        except Exception:  # noqa: BLE001 - a leftover stays, as it was
+            pass
+
+    def _remove_stale_temporaries(self, step):
+        """Removes Orbax's temporary folders (``ckpt_<step>.orbax-checkpoint-tmp...``:
+        a write killed before its commit, e.g. by SIGKILL during a background
+        write) of steps at or before ``step``, which the run has passed: no
+        write will finish them.  Process 0 only, only in this run's own
+        checkpoint folder, and only while this process holds the run's lock
+        (``<model_dir>/.lock``: no other training writes there)."""
+        if not self._primary() or not _holds_the_lock(self.directory):
+            return
+        for entry in storage.listdir(self.directory):
+            found = _TEMPORARY.fullmatch(entry)
+            if found and int(found.group(1)) <= step:
+                storage.rmtree(storage.join(self.directory, entry))
 
     def close(self):
         """Waits for the checkpoint being written and stops Orbax's threads;
@@ -496,6 +514,31 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         storage.rename_folder(path, aside)
         warnings.warn(f"kept {storage.basename(path)}, a checkpoint this run did not write "
                       f"and cannot read, as {storage.basename(aside)}.", stacklevel=4)
+
+
+# Orbax's temporary name of a checkpoint folder being written (and ours of
+# one being removed, _remove_folder's).
+_TEMPORARY = re.compile(rf"{_PREFIX}_(\d{{{_DIGITS}}})\.orbax-checkpoint-tmp.*")
+
+
+def _holds_the_lock(directory):
+    """Whether this process holds the lock of the run whose checkpoint folder
+    is ``directory`` (``<model_dir>/.lock``, which names its holder: a line on
+    a disk, a lease's ``holder`` in a bucket)."""
+    from keras_identity.training import run_lock
+
+    path = storage.join(storage.dirname(directory), run_lock.LOCK_FILE)
+    try:
+        text = storage.read_text(path).strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        held = json.loads(text)
+    except ValueError:
+        holder = text
+    else:
+        holder = held.get("holder") if isinstance(held, dict) else None
+    return holder == run_lock._holder()   # noqa: SLF001 - the lock's own wording
 
 
 def _step_of_name(name):

@@ -373,3 +373,31 @@ def test_late_tensorstore_callbacks_print_no_event_loop_is_closed_tracebacks():
     assert "Event loop is closed" not in result.stderr, result.stderr[-3000:]
     assert "ValueError: a real error" in result.stderr, result.stderr[-3000:]
     assert result.stderr.count("Traceback") == 1, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_temporary_folders_of_steps_passed_are_removed_by_the_lock_holder(tmp_path, locked):
+    from keras_identity.training import run_lock
+
+    # Writes killed before their commit (a SIGKILL during Orbax's background
+    # write) left Orbax's temporary folders of steps 3 and 9 in the run's
+    # checkpoint folder; the resumed run writes step 4.
+    directory = tmp_path / "c"
+    for step in (3, 9):
+        leftover = directory / f"ckpt_00000000{step}.orbax-checkpoint-tmp" / "weights"
+        leftover.mkdir(parents=True)
+        (leftover / "d").write_bytes(b"partial")
+    lock = run_lock.RunLock(str(tmp_path)).acquire() if locked else None
+    try:
+        saver = orbax_checkpoints.OrbaxCheckpointer(str(directory))
+        saver.save(_trained(_model(), 1), step=4, epoch=1, history=[])
+        saver.close()
+    finally:
+        if lock is not None:
+            lock.release()
+    # Step 3's is gone (the run passed it; no write will finish it), step 9's
+    # stays (not passed); without the run's lock, nothing is removed.
+    assert sorted(os.listdir(directory)) == (
+        ["ckpt_000000004", "ckpt_000000009.orbax-checkpoint-tmp"] if locked else
+        ["ckpt_000000003.orbax-checkpoint-tmp", "ckpt_000000004",
+         "ckpt_000000009.orbax-checkpoint-tmp"])
