@@ -124,6 +124,24 @@ class StorageError(OSError):
         return str(self.strerror)
 
 
+def is_stalled(path):
+    """Whether a call of ``path``'s store timed out in this process."""
+    return is_remote(path) and bucket_of(path) in _STALLED
+
+
+def stalled(path, doing, waited):
+    """The :class:`StorageError` of ``doing`` (``"writing"``, ...) ``path``,
+    which the store left unanswered for ``waited`` seconds; later calls of
+    that store in this process wait at most :data:`AFTER_STALL_S` each.  For
+    the other layers that reach a store (Orbax's TensorStore) too."""
+    if is_remote(path):
+        _STALLED.add(bucket_of(path))
+    return StorageError(
+        errno.ETIMEDOUT, f"{doing} {path} failed: the store did not answer in {waited:g} s "
+                         f"({STORE_TIMEOUT_VARIABLE}={store_timeout():g} s a request, "
+                         f"retried); check that the bucket answers")
+
+
 def scheme(path):
     """``'gs'``, ``'s3'``, ... for a URL; None for a local path."""
     path = os.fspath(path)
@@ -353,12 +371,7 @@ def _remote_errors(path, doing):
                                              f"failed") from None
         raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from error
     except asyncio.TimeoutError:  # fsspec's FSTimeoutError: the call's deadline passed
-        waited = _call_deadline(path)
-        _STALLED.add(bucket_of(path))
-        raise StorageError(
-            errno.ETIMEDOUT, f"{doing} {path} failed: the store did not answer in {waited:g} s "
-                             f"({STORE_TIMEOUT_VARIABLE}={store_timeout():g} s a request, "
-                             f"retried); check that the bucket answers") from None
+        raise stalled(path, doing, _call_deadline(path)) from None
     except Exception as error:  # gcsfs/aiohttp/google.auth errors
         raise StorageError(errno.EIO, f"{doing} {path} failed: {describe(error)}") from None
 

@@ -227,6 +227,9 @@ def fail(message, code=1, *, at_once=False):
     a stack trace).
     """
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    orbax = sys.modules.get("keras_identity.training.orbax_checkpoints")
+    if orbax is not None and orbax.abandoned_writes():
+        at_once = True  # Orbax's threads, held by a stalled store, would never let it exit
     if at_once:
         sys.stdout.flush()
         os._exit(code)

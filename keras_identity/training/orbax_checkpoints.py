@@ -55,6 +55,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -64,6 +65,14 @@ from keras_identity.training import checkpoints
 
 _PREFIX = "ckpt"
 _DIGITS = 9
+_ABANDONED = []   # folders whose write a stalled store held past its bound
+
+
+def abandoned_writes():
+    """Whether a checkpoint's write was left to Orbax's threads (a store
+    that stopped answering): those threads never end, and a program that
+    exits must not wait for them (``os._exit``)."""
+    return bool(_ABANDONED)
 
 
 def available():
@@ -76,6 +85,12 @@ def available():
 
 def _configure_environment():
     os.environ.setdefault("EPATH_USE_TF", "false")
+    # TensorStore's requests: one that gets no byte for the store's timeout
+    # (storage.store_timeout) fails and is retried, as gcsfs's are.
+    seconds = str(max(1, round(storage.store_timeout())))
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", seconds)
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
+    os.environ.setdefault("TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS", seconds)
     host = storage.emulator_host()
     if host is not None:
         os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
@@ -385,7 +400,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         step, self._pending = self._pending, None
         failure = None
         try:
-            self._checkpoints().wait_until_finished()
+            self._wait_for_write()
             # Process 0 commits it: its listing tells.
             if self._primary() and step not in self._steps():
                 raise OSError(f"{_name(step)} was not committed")
@@ -422,6 +437,36 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             if found and int(found.group(1)) <= step:
                 storage.rmtree(storage.join(self.directory, entry))
 
+    def _wait_for_write(self):
+        """Waits for Orbax's background write; in a bucket at most
+        ``storage.CALL_REQUESTS`` times the store's timeout
+        (``KERAS_IDENTITY_STORE_TIMEOUT_S``): a store that stops answering
+        held TensorStore's write, and the run, for good.  Such a write is
+        left to its thread (its manager never closed, which would wait for
+        it again) and is a ``storage.StorageError`` naming the folder."""
+        manager = self._checkpoints()
+        if not storage.is_remote(self.directory):
+            manager.wait_until_finished()
+            return
+        seconds = storage.CALL_REQUESTS * storage.store_timeout()
+        done, failure = threading.Event(), []
+
+        def wait():
+            try:
+                manager.wait_until_finished()
+            except BaseException as error:  # noqa: BLE001 - raised below
+                failure.append(error)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="keras_identity_orbax_wait", daemon=True).start()
+        if not done.wait(seconds):
+            self._manager = None  # abandoned: closing it would wait for the write
+            _ABANDONED.append(self.directory)
+            raise storage.stalled(self.directory, "writing a checkpoint into", seconds)
+        if failure:
+            raise failure[0]
+
     def close(self):
         """Waits for the checkpoint being written and stops Orbax's threads;
         never raises: a failure is a warning, but where the caller is ending
@@ -448,6 +493,8 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         steps = list(self._steps_written)
         if self._continued_step >= 0:
             steps.append(self._continued_step)
+        if not steps and storage.is_stalled(self.directory):
+            return checkpoints.UNKNOWN   # Orbax's listing would wait on it again
         return max(steps) if steps else self.intact_step()
 
     def _clean(self, step):
@@ -462,8 +509,8 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         except Exception:  # the failure again
             pass
         try:
-            if not self._primary():
-                return
+            if not self._primary() or storage.is_stalled(self.directory):
+                return   # a stalled store: what is left stays (set aside by the next run)
             name = _name(step)
             committed = self._steps()
             for entry in storage.listdir(self.directory):

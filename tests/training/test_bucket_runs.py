@@ -511,19 +511,29 @@ def test_an_orbax_checkpoint_without_its_commit_in_a_bucket_is_not_resumed_nor_o
     assert names == ["ckpt_000000008", "ckpt_000000012", "ckpt_000000012.unread"]
 
 
+@pytest.mark.parametrize("checkpoint_format", [
+    "h5", pytest.param("orbax", marks=pytest.mark.skipif(
+        not ORBAX, reason="Orbax checkpoints (the JAX route's)"))])
 def test_a_store_that_stops_answering_stops_the_run_in_one_line(stalling_gcs_emulator,
-                                                                 tmp_path):
+                                                                 tmp_path, checkpoint_format):
     # The store is stopped (SIGSTOP) once the first epoch ends, while its
     # checkpoint or the next one is written; the run used to wait for good.
-    # HDF5 checkpoints (through keras_identity.storage) on either backend.
+    # HDF5 checkpoints (through keras_identity.storage) on either backend;
+    # Orbax's (TensorStore's arrays written in the background: the stall
+    # comes a moment later, while they are written) on JAX.
+    import time
+
     model_dir = stalling_gcs_emulator("stalled")
     cwd, tmp = _machine(tmp_path, "stalled")
     env = dict(_env(stalling_gcs_emulator, tmp), KERAS_IDENTITY_STORE_TIMEOUT_S="1")
-    proc = subprocess.Popen(_command(model_dir, "--train_steps=12", "--checkpoint_format=h5"),
+    proc = subprocess.Popen(_command(model_dir, "--train_steps=12",
+                                     f"--checkpoint_format={checkpoint_format}"),
                             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        if checkpoint_format == "orbax":
+            time.sleep(0.15)
         stalling_gcs_emulator.stall()
         status = proc.wait(timeout=60)   # the code before: no answer, no exit
         stderr = proc.stderr.read()
