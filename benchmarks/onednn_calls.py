@@ -42,15 +42,22 @@ from absl import flags
 from benchmarks import machine
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("depth", 1001, "Depth of the CIFAR pre-activation ResNet (6n+2 or 9n+2).")
-flags.DEFINE_integer("batch", 16, "Batch size.")
-flags.DEFINE_integer("steps", 3, "Training steps logged and summed (after the warm-up).")
-flags.DEFINE_integer("warmup", 2, "Training steps before them, not counted.")
-flags.DEFINE_boolean("torch", True, "Also profile PyTorch channels-last.")
-flags.DEFINE_integer("top", 12, "Rows shown: the kinds and implementations with the most time.")
-flags.DEFINE_integer("timeout_s", 1800, "Time limit of one worker.")
-flags.DEFINE_string("output_json", None, "Where to write the JSON (optional).")
-flags.DEFINE_string("worker", None, "Internal: tensorflow or pytorch.")
+
+
+def _define_flags():
+    # Defined when run as a program only: benchmarks.run and the programs,
+    # importable beside this module (parse), have flags of the same names.
+    flags.DEFINE_integer("depth", 1001, "Depth of the CIFAR pre-activation ResNet (6n+2 or 9n+2).")
+    flags.DEFINE_integer("batch", 16, "Batch size.")
+    flags.DEFINE_integer("steps", 3, "Training steps logged and summed (after the warm-up).")
+    flags.DEFINE_integer("warmup", 2, "Training steps before them, not counted.")
+    flags.DEFINE_boolean("torch", True, "Also profile PyTorch channels-last.")
+    flags.DEFINE_integer("top", 12, "Rows shown: the kinds and implementations with the most "
+                         "time.")
+    flags.DEFINE_integer("timeout_s", 1800, "Time limit of one worker.")
+    flags.DEFINE_string("output_json", None, "Where to write the JSON (optional).")
+    flags.DEFINE_string("worker", None, "Internal: tensorflow or pytorch.")
+
 
 BEGIN, END = "KI_STEPS_BEGIN", "KI_STEPS_END"
 
@@ -230,4 +237,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
