@@ -511,6 +511,33 @@ def test_an_orbax_checkpoint_without_its_commit_in_a_bucket_is_not_resumed_nor_o
     assert names == ["ckpt_000000008", "ckpt_000000012", "ckpt_000000012.unread"]
 
 
+def _fault_after_the_first_epoch(emulator, tmp_path, name, checkpoint_format, fault, delay,
+                                 timeout):
+    """Runs 12 steps into ``gs://…/<name>`` and calls ``fault`` once the
+    first epoch ends (on Orbax ``delay`` s later, while its arrays are
+    written in the background); ``(model_dir, exit status, stderr)``."""
+    import time
+
+    model_dir = emulator(name)
+    cwd, tmp = _machine(tmp_path, name)
+    env = dict(_env(emulator, tmp), KERAS_IDENTITY_STORE_TIMEOUT_S="1")
+    proc = subprocess.Popen(_command(model_dir, "--train_steps=12",
+                                     f"--checkpoint_format={checkpoint_format}"),
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        if checkpoint_format == "orbax":
+            time.sleep(delay)
+        fault()
+        status = proc.wait(timeout=timeout)
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    return model_dir, status, stderr
+
+
 @pytest.mark.parametrize("checkpoint_format", [
     "h5", pytest.param("orbax", marks=pytest.mark.skipif(
         not ORBAX, reason="Orbax checkpoints (the JAX route's)"))])
@@ -521,25 +548,9 @@ def test_a_store_that_stops_answering_stops_the_run_in_one_line(stalling_gcs_emu
     # HDF5 checkpoints (through keras_identity.storage) on either backend;
     # Orbax's (TensorStore's arrays written in the background: the stall
     # comes a moment later, while they are written) on JAX.
-    import time
-
-    model_dir = stalling_gcs_emulator("stalled")
-    cwd, tmp = _machine(tmp_path, "stalled")
-    env = dict(_env(stalling_gcs_emulator, tmp), KERAS_IDENTITY_STORE_TIMEOUT_S="1")
-    proc = subprocess.Popen(_command(model_dir, "--train_steps=12",
-                                     f"--checkpoint_format={checkpoint_format}"),
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
-        if checkpoint_format == "orbax":
-            time.sleep(0.15)
-        stalling_gcs_emulator.stall()
-        status = proc.wait(timeout=60)   # the code before: no answer, no exit
-        stderr = proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
+    model_dir, status, stderr = _fault_after_the_first_epoch(
+        stalling_gcs_emulator, tmp_path, "stalled", checkpoint_format,
+        stalling_gcs_emulator.stall, delay=0.15, timeout=60)  # the code before: no exit
     assert status not in (0, None), stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     lines = error_lines(stderr)
@@ -604,25 +615,9 @@ def test_a_store_killed_mid_run_is_one_line_without_tracebacks(stalling_gcs_emul
     # read-ahead errors and TensorStore's 'Event loop is closed' callbacks
     # printed tracebacks before the line; a warning of the checkpoint that
     # failed behind the run's own error came beside it.
-    import time
-
-    model_dir = stalling_gcs_emulator("killed")
-    cwd, tmp = _machine(tmp_path, "killed")
-    env = dict(_env(stalling_gcs_emulator, tmp), KERAS_IDENTITY_STORE_TIMEOUT_S="1")
-    proc = subprocess.Popen(_command(model_dir, "--train_steps=12",
-                                     f"--checkpoint_format={checkpoint_format}"),
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
-        if checkpoint_format == "orbax":
-            time.sleep(0.2)
-        stalling_gcs_emulator.process.kill()
-        status = proc.wait(timeout=180)
-        stderr = proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
+    model_dir, status, stderr = _fault_after_the_first_epoch(
+        stalling_gcs_emulator, tmp_path, "killed", checkpoint_format,
+        stalling_gcs_emulator.process.kill, delay=0.2, timeout=180)
     assert status == 1, stderr[-3000:]
     _no_tracebacks(stderr)
     assert "Warning" not in stderr, stderr[-3000:]
