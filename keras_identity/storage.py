@@ -19,36 +19,23 @@ renames matter (a run refuses a linked checkpoint folder; a file appears
 whole by ``os.replace``); an object store has none of these, and an object
 appears whole when its upload ends.
 
-``STORAGE_EMULATOR_HOST`` (the variable Google's clients honour) points
-everything at a local GCS emulator: gcsfs reads it itself; its probe of a
-bucket's type over gRPC, which an emulator does not answer (a minute's wait
-per bucket), is turned off; and no credentials are looked for.  A user's own
-setting of the probe is kept.
-
-A store that stops answering (a stalled connection, a throttled bucket)
-never holds a run for good: a request the store leaves unanswered for
-:data:`STORE_TIMEOUT_S` seconds (connecting, or between two bytes of its
-answer) fails and is retried by gcsfs, and each call of this module (one
-file's read, write, listing, ... with those retries) is given up after
-:data:`CALL_REQUESTS` times that, as one :class:`StorageError` line naming
-the path (a run's checkpoint then fails in one line, and the run exits).  ``KERAS_IDENTITY_STORE_TIMEOUT_S`` sets the seconds (the tests
-set a few).  Once a call of a store timed out, the process's later calls
-of it (a lock's release, at the run's end) wait one request's time, at
-most :data:`AFTER_STALL_S` seconds, each.
+The clients that reach the stores, the GCS emulator's settings and the bound
+on a store that stops answering are :mod:`keras_identity.store_clients`'s;
+here a call that passed its bound is one :class:`StorageError` line naming
+the path (:func:`stalled`: a run's checkpoint then fails in one line, and
+the run exits).
 
 One module, one concept, past 600 lines: the file layer is a flat list of
 short calls (exists, read, write, rename, remove, upload, ...) that each pair
 a local branch with a bucket branch over the same error wording; split by
-call they would share this module's private state (the file systems, the
-emulator settings, the error translation) instead of public functions.
+call they would share this module's private state (the error translation)
+instead of public functions.
 """
 
 import asyncio
 import contextlib
 import errno
-import functools
 import json
-import logging
 import math
 import os
 import posixpath
@@ -57,64 +44,7 @@ import shutil
 import stat
 import tempfile
 
-# The object stores, and the fsspec package that reaches each.
-_PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
-
-
-def emulator_host():
-    """The URL of the GCS emulator that ``STORAGE_EMULATOR_HOST`` names, or
-    None (Google's clients take ``default`` as none); a bare ``host:port``
-    is taken as ``http://host:port``."""
-    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
-    if host in ("", "default"):
-        return None
-    return host if "://" in host else f"http://{host}"
-
-
-def _emulator():
-    return emulator_host() is not None
-
-
-def _configure_environment():
-    if _emulator():
-        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-
-
-_configure_environment()
-
-
-# The bounded wait on a store that stops answering (see the module's docstring).
-STORE_TIMEOUT_VARIABLE = "KERAS_IDENTITY_STORE_TIMEOUT_S"
-STORE_TIMEOUT_S = 120.0   # default: one request unanswered this long fails (and is retried)
-CALL_REQUESTS = 3         # one call of this module waits at most this many times that
-AFTER_STALL_S = 10.0      # a call after a store timed out: at most this (and one request's)
-_STALLED = set()          # the buckets a call timed out on in this process
-
-
-def store_timeout():
-    """The seconds a request may go unanswered (``KERAS_IDENTITY_STORE_TIMEOUT_S``,
-    else :data:`STORE_TIMEOUT_S`); a value that is no positive number of
-    seconds is a ``ValueError`` in one line."""
-    text = os.environ.get(STORE_TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return STORE_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{STORE_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
-                         f"expected a positive number (default {STORE_TIMEOUT_S:g}), or unset it")
-    return value
-
-
-def _call_deadline(path):
-    """The seconds one call of this module on ``path`` may wait."""
-    deadline = CALL_REQUESTS * store_timeout()
-    if bucket_of(path) in _STALLED:
-        deadline = min(deadline, store_timeout(), AFTER_STALL_S)
-    return deadline
-
+from keras_identity import store_clients
 
 class StorageError(OSError):
     """A file of a run could not be read or written; the message is one line
@@ -126,20 +56,21 @@ class StorageError(OSError):
 
 def is_stalled(path):
     """Whether a call of ``path``'s store timed out in this process."""
-    return is_remote(path) and bucket_of(path) in _STALLED
+    return is_remote(path) and store_clients.has_stalled(bucket_of(path))
 
 
 def stalled(path, doing, waited):
     """The :class:`StorageError` of ``doing`` (``"writing"``, ...) ``path``,
     which the store left unanswered for ``waited`` seconds; later calls of
-    that store in this process wait at most :data:`AFTER_STALL_S` each.  For
-    the other layers that reach a store (Orbax's TensorStore) too."""
+    that store in this process wait less (``store_clients.call_deadline``).
+    For the other layers that reach a store (Orbax's TensorStore) too."""
     if is_remote(path):
-        _STALLED.add(bucket_of(path))
+        store_clients.note_stall(bucket_of(path))
     return StorageError(
         errno.ETIMEDOUT, f"{doing} {path} failed: the store did not answer in {waited:g} s "
-                         f"({STORE_TIMEOUT_VARIABLE}={store_timeout():g} s a request, "
-                         f"retried); check that the bucket answers")
+                         f"({store_clients.STORE_TIMEOUT_VARIABLE}="
+                         f"{store_clients.store_timeout():g} s a request, retried); check "
+                         f"that the bucket answers")
 
 
 def scheme(path):
@@ -166,7 +97,7 @@ def check_path(path, name="model_dir"):
     object names while :func:`normalize` folds them."""
     path = os.fspath(path)
     typo = re.match(r"([A-Za-z][A-Za-z0-9]*):(?!//)", path)
-    if typo and typo.group(1).lower() in _PACKAGES:
+    if typo and typo.group(1).lower() in store_clients.PACKAGES:
         meant = f"{typo.group(1).lower()}://{path[typo.end():].lstrip('/')}"
         raise ValueError(f"{name}={path!r} is not a bucket URL ({typo.group(0)} takes "
                          f"'//') and would be a local folder {path.split('/', 1)[0]!r}; "
@@ -174,7 +105,7 @@ def check_path(path, name="model_dir"):
     found = scheme(path)
     if found is None:
         return
-    if found not in _PACKAGES:
+    if found not in store_clients.PACKAGES:
         raise ValueError(f"{name}={path!r}: {found}:// is not a store this package writes to; "
                          f"expected a local path, gs://BUCKET/... or s3://BUCKET/...")
     head, rest = path.split("://", 1)
@@ -199,7 +130,7 @@ def check_path(path, name="model_dir"):
                          f"to 63 lowercase letters, digits, dashes, underscores or dots (up "
                          f"to 222 with dots, 63 between two), starting and ending with a "
                          f"letter or digit")
-    _filesystem(found, name)
+    store_clients.filesystem(found, name)
 
 
 def join(base, *parts):
@@ -224,114 +155,14 @@ def normalize(path):
     return os.path.normpath(path)
 
 
-_FILESYSTEMS = {}
-
-
-def _filesystem(found, name="model_dir"):
-    if found not in _FILESYSTEMS:
-        _configure_environment()  # an emulator named after this module was imported
-        try:
-            import fsspec
-
-            options = {}
-            if found == "gs":
-                import aiohttp
-
-                # gcsfs's default is no timeout at all: a stalled store held
-                # a run for good.  A request that times out is retried by gcsfs.
-                seconds = store_timeout()
-                options["requests_timeout"] = aiohttp.ClientTimeout(
-                    total=None, sock_connect=seconds, sock_read=seconds)
-                # etils.epath's one option (Orbax's client): the same client (_shared).
-                options["finalize_on_close"] = True
-                if _emulator():
-                    options["token"] = "anon"  # an emulator takes no credentials
-                    _without_bucket_probe(fsspec)
-            _quiet_client_logs()
-            _FILESYSTEMS[found] = _shared(fsspec, found, options)
-        except ImportError:
-            raise ValueError(f"{name}: {found}:// paths need the {_PACKAGES[found]} package, "
-                             f"which is not installed: pip install {_PACKAGES[found]}") from None
-    return _FILESYSTEMS[found]
-
-
-class _RaisedErrors(logging.Filter):
-    """Drops the store clients' error logs of an exception they raise to the
-    caller (gcsfs's ``... out of retries on exception`` and ``... non-retriable
-    exception``, fsspec's read-ahead's errors), each with a traceback: the
-    caller (this module, or Orbax) says it in one line."""
-
-    def filter(self, record):
-        if record.levelno < logging.ERROR:
-            return True
-        if record.name == "gcsfs":
-            message = str(record.msg)
-            return not ("out of retries on exception" in message
-                        or "non-retriable exception" in message)
-        return record.name != "fsspec.prefetcher"
-
-
-def _quiet_client_logs():
-    for name in ("gcsfs", "fsspec.prefetcher"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _RaisedErrors) for f in logger.filters):
-            logger.addFilter(_RaisedErrors())
-
-
-_SHARED = {}   # (store, option) -> the value this module made fsspec's default
-
-
-def _shared(fsspec, found, options):
-    """The store's client, made with ``options`` set as fsspec's defaults for
-    it (a user's own settings kept), so that the client fsspec makes for
-    another library with no options of its own (Orbax's ``etils.epath``) is
-    this one (fsspec keeps one client per options): the same timeouts, and
-    one listing cache, which this module's writes, renames and removals keep
-    current (Orbax listed a checkpoint set aside here, and refused to write
-    its step again)."""
-    import fsspec.config
-
-    defaults = fsspec.config.conf.setdefault(found, {})
-    for key, value in options.items():
-        if key not in defaults or _SHARED.get((found, key)) == defaults[key]:
-            defaults[key] = _SHARED[(found, key)] = value
-    return fsspec.filesystem(found)
-
-
-def _without_bucket_probe(fsspec):
-    """gcsfs chooses its class when it is imported: where that came before
-    the emulator's setting, its experimental class (which probes each bucket's
-    type over gRPC, unanswered by an emulator) is replaced by the plain one."""
-    if os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "").lower() in ("true", "1"):
-        return
-    from gcsfs.core import GCSFileSystem
-
-    for protocol in ("gs", "gcs"):
-        fsspec.register_implementation(protocol, GCSFileSystem, clobber=True)
-
-
-# The file systems' calls this module makes: each is given a deadline.
-_BOUNDED_CALLS = frozenset({"exists", "info", "ls", "cat_file", "pipe_file", "rm_file", "call",
-                            "cp_file", "put_file", "get_file", "size", "find"})
-
-
-class _Bounded:
-    """A store's file system whose calls (:data:`_BOUNDED_CALLS`) are
-    cancelled after :func:`_call_deadline` (fsspec's ``timeout``: a
-    ``FSTimeoutError``, which :func:`_remote_errors` words)."""
-
-    def __init__(self, fs, path):
-        self._fs, self._path = fs, path
-
-    def __getattr__(self, name):
-        attribute = getattr(self._fs, name)
-        if name not in _BOUNDED_CALLS:
-            return attribute
-        return functools.partial(attribute, timeout=_call_deadline(self._path))
+def call_deadline(path):
+    """The seconds one call of this module on ``path`` (in a bucket) may
+    wait (``store_clients.call_deadline``)."""
+    return store_clients.call_deadline(bucket_of(path))
 
 
 def _fs(path):
-    return _Bounded(_filesystem(scheme(path)), path)
+    return store_clients.bounded(scheme(path), bucket_of(path))
 
 
 def describe(error):
@@ -371,7 +202,7 @@ def _remote_errors(path, doing):
                                              f"failed") from None
         raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from error
     except asyncio.TimeoutError:  # fsspec's FSTimeoutError: the call's deadline passed
-        raise stalled(path, doing, _call_deadline(path)) from None
+        raise stalled(path, doing, call_deadline(path)) from None
     except Exception as error:  # gcsfs/aiohttp/google.auth errors
         raise StorageError(errno.EIO, f"{doing} {path} failed: {describe(error)}") from None
 

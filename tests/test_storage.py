@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from keras_identity import storage
+from keras_identity import store_clients
 
 MISSING_BUCKET = "gs://nobucket-xyz"
 
@@ -115,21 +116,21 @@ def clean_environment(monkeypatch):
 
 def test_an_emulator_turns_off_gcsfs_bucket_type_probe(clean_environment):
     clean_environment.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")
-    storage._configure_environment()
+    store_clients._configure_environment()
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
 
 
 def test_environment_keeps_the_users_own_values(clean_environment):
     clean_environment.setenv("STORAGE_EMULATOR_HOST", "http://localhost:4443")
     clean_environment.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "true")
-    storage._configure_environment()
+    store_clients._configure_environment()
     assert os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "true"
 
 
 @pytest.mark.parametrize("value", ["", "default"])
 def test_environment_without_an_emulator_is_left_alone(clean_environment, value):
     clean_environment.setenv("STORAGE_EMULATOR_HOST", value)
-    storage._configure_environment()
+    store_clients._configure_environment()
     assert "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT" not in os.environ
 
 
@@ -486,7 +487,7 @@ def test_the_emulator_gets_no_bucket_probe(bucket_root):
     """gcsfs, imported before STORAGE_EMULATOR_HOST was set (here: by the
     fixture), chose its experimental class, whose probe of each bucket over
     gRPC an emulator never answers: the store's client is the plain one."""
-    assert type(storage._filesystem(storage.scheme(bucket_root))).__module__ == "gcsfs.core"
+    assert type(store_clients.filesystem(storage.scheme(bucket_root))).__module__ == "gcsfs.core"
 
 
 def test_local_generation_changes_within_one_clock_tick(tmp_path):

@@ -61,7 +61,9 @@ import warnings
 import numpy as np
 
 from keras_identity import storage
+from keras_identity import store_clients
 from keras_identity.training import checkpoints
+from keras_identity.training import run_lock
 
 _PREFIX = "ckpt"
 _DIGITS = 9
@@ -86,12 +88,12 @@ def available():
 def _configure_environment():
     os.environ.setdefault("EPATH_USE_TF", "false")
     # TensorStore's requests: one that gets no byte for the store's timeout
-    # (storage.store_timeout) fails and is retried, as gcsfs's are.
-    seconds = str(max(1, round(storage.store_timeout())))
+    # (store_clients.store_timeout) fails and is retried, as gcsfs's are.
+    seconds = str(max(1, round(store_clients.store_timeout())))
     os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", seconds)
     os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
     os.environ.setdefault("TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS", seconds)
-    host = storage.emulator_host()
+    host = store_clients.emulator_host()
     if host is not None:
         os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
         # An emulator takes no credentials: TensorStore is given a token
@@ -430,7 +432,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         write will finish them.  Process 0 only, only in this run's own
         checkpoint folder, and only while this process holds the run's lock
         (``<model_dir>/.lock``: no other training writes there)."""
-        if not self._primary() or not _holds_the_lock(self.directory):
+        if not self._primary() or not run_lock.held_here(storage.dirname(self.directory)):
             return
         for entry in storage.listdir(self.directory):
             found = _TEMPORARY.fullmatch(entry)
@@ -438,9 +440,9 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                 storage.rmtree(storage.join(self.directory, entry))
 
     def _wait_for_write(self):
-        """Waits for Orbax's background write; in a bucket at most
-        ``storage.CALL_REQUESTS`` times the store's timeout
-        (``KERAS_IDENTITY_STORE_TIMEOUT_S``): a store that stops answering
+        """Waits for Orbax's background write; in a bucket at most as long
+        as one call of the store's (``storage.call_deadline``: a few times
+        ``KERAS_IDENTITY_STORE_TIMEOUT_S``): a store that stops answering
         held TensorStore's write, and the run, for good.  Such a write is
         left to its thread (its manager never closed, which would wait for
         it again) and is a ``storage.StorageError`` naming the folder."""
@@ -448,7 +450,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         if not storage.is_remote(self.directory):
             manager.wait_until_finished()
             return
-        seconds = storage.CALL_REQUESTS * storage.store_timeout()
+        seconds = storage.call_deadline(self.directory)
         done, failure = threading.Event(), []
 
         def wait():
@@ -566,26 +568,6 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
 # Orbax's temporary name of a checkpoint folder being written (and ours of
 # one being removed, _remove_folder's).
 _TEMPORARY = re.compile(rf"{_PREFIX}_(\d{{{_DIGITS}}})\.orbax-checkpoint-tmp.*")
-
-
-def _holds_the_lock(directory):
-    """Whether this process holds the lock of the run whose checkpoint folder
-    is ``directory`` (``<model_dir>/.lock``, which names its holder: a line on
-    a disk, a lease's ``holder`` in a bucket)."""
-    from keras_identity.training import run_lock
-
-    path = storage.join(storage.dirname(directory), run_lock.LOCK_FILE)
-    try:
-        text = storage.read_text(path).strip()
-    except (OSError, UnicodeDecodeError):
-        return False
-    try:
-        held = json.loads(text)
-    except ValueError:
-        holder = text
-    else:
-        holder = held.get("holder") if isinstance(held, dict) else None
-    return holder == run_lock._holder()   # noqa: SLF001 - the lock's own wording
 
 
 def _step_of_name(name):

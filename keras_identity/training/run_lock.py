@@ -85,6 +85,23 @@ def _holder():
     return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
+def held_here(model_dir):
+    """Whether this process holds the lock of ``model_dir`` (its
+    :data:`LOCK_FILE` names the holder: a line on a disk, a lease's
+    ``holder`` in a bucket); False where it cannot be read."""
+    try:
+        text = storage.read_text(storage.join(model_dir, LOCK_FILE)).strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    try:
+        held = json.loads(text)
+    except ValueError:
+        holder = text
+    else:
+        holder = held.get("holder") if isinstance(held, dict) else None
+    return holder == _holder()
+
+
 class RunLock:
     """An exclusive lock on a model directory; :meth:`acquire` raises
     ``ValueError`` (naming the directory and the holder) when another

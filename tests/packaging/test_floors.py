@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The map's floors, lowest first: each part of the package and its floor.
 FLOORS = {
     # 0: no part of the package below them.
-    "version": 0, "_checks": 0, "_tensorflow": 0, "_cpu_kernels": 0, "storage": 0,
+    "version": 0, "_checks": 0, "_tensorflow": 0, "_cpu_kernels": 0, "storage": 0, "store_clients": 0,
     "initializers": 0, "recipes": 0,
     "data": 1,
     "layers": 2,

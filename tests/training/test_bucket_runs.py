@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from keras_identity import storage
+from keras_identity import store_clients
 from keras_identity.training import ConfigError
 from keras_identity.training import Stopped
 from keras_identity.training import orbax_checkpoints
@@ -421,7 +422,7 @@ def test_a_store_lost_during_a_checkpoint_is_one_line_and_the_one_before_is_inta
     run = gcs_emulator("lost-network")
     storage.upload_tree(str(two_epochs[0]), run)
     before = {f: storage.read_bytes(storage.join(run, f)) for f in storage.list_files(run)}
-    store = storage._filesystem("gs")
+    store = store_clients.filesystem("gs")
     pipe_file = store.pipe_file
 
     def dropped(path, *args, **kwargs):
@@ -565,13 +566,13 @@ def test_a_store_that_stops_answering_stops_the_run_in_one_line(stalling_gcs_emu
 def test_the_store_timeout_setting_is_checked_in_one_line(monkeypatch):
     monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "soon")
     with pytest.raises(ValueError) as error:
-        storage.store_timeout()
+        store_clients.store_timeout()
     assert str(error.value) == ("KERAS_IDENTITY_STORE_TIMEOUT_S='soon' is not a number of "
                                 "seconds; expected a positive number (default 120), or unset it")
     monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "2.5")
-    assert storage.store_timeout() == 2.5
+    assert store_clients.store_timeout() == 2.5
     monkeypatch.delenv("KERAS_IDENTITY_STORE_TIMEOUT_S")
-    assert storage.store_timeout() == storage.STORE_TIMEOUT_S == 120
+    assert store_clients.store_timeout() == store_clients.STORE_TIMEOUT_S == 120
 
 
 def _no_tracebacks(stderr):
