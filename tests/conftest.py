@@ -107,9 +107,9 @@ class GcsEmulator:
 def _forget_store_clients():
     """Drops the gcsfs clients made so far: they keep the endpoint (and
     credentials) they were made with."""
-    from keras_identity import storage
+    from keras_identity import store_clients
 
-    storage._FILESYSTEMS.clear()
+    store_clients._FILESYSTEMS.clear()
     try:
         import gcsfs
     except ImportError:
@@ -174,8 +174,7 @@ def _stop_emulator(process):
             process.wait()
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator(tmp_path_factory):
+def _skip_without_the_emulators_packages():
     import importlib.util
 
     for module, package in (("gcp_storage_emulator", "gcp-storage-emulator"),
@@ -183,6 +182,11 @@ def gcs_emulator(tmp_path_factory):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"the GCS emulator tests need {package}, which is not installed "
                         f"(pip install -e '.[test]' gcsfs)")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    _skip_without_the_emulators_packages()
     bucket = "keras-identity-tests"
     log_path = tmp_path_factory.mktemp("gcs_emulator") / "emulator.log"
     process, url = _start_emulator(log_path, bucket)
@@ -228,13 +232,7 @@ class StallingGcsEmulator(GcsEmulator):
 
 @pytest.fixture
 def stalling_gcs_emulator(tmp_path):
-    import importlib.util
-
-    for module, package in (("gcp_storage_emulator", "gcp-storage-emulator"),
-                            ("gcsfs", "gcsfs")):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"the GCS emulator tests need {package}, which is not installed "
-                        f"(pip install -e '.[test]' gcsfs)")
+    _skip_without_the_emulators_packages()
     process, url = _start_emulator(tmp_path / "stalling_emulator.log", "keras-identity-stalls")
     emulator = StallingGcsEmulator(url, "keras-identity-stalls", process)
     try:
