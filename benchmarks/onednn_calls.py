@@ -84,7 +84,7 @@ def parse(lines):
     return calls
 
 
-def _tensorflow_steps(depth, batch, steps, warmup):
+def _tensorflow_steps(depth, batch):
     import numpy as np
 
     import keras_identity as ki
@@ -101,7 +101,7 @@ def _tensorflow_steps(depth, batch, steps, warmup):
     return lambda: model.train_on_batch(x, y)
 
 
-def _pytorch_steps(depth, batch, steps, warmup):
+def _pytorch_steps(depth, batch):
     import torch
 
     from benchmarks import torch_resnet
@@ -123,7 +123,7 @@ def _pytorch_steps(depth, batch, steps, warmup):
 
 def _worker(framework):
     make = _tensorflow_steps if framework == "tensorflow" else _pytorch_steps
-    step = make(FLAGS.depth, FLAGS.batch, FLAGS.steps, FLAGS.warmup)
+    step = make(FLAGS.depth, FLAGS.batch)
     for _ in range(1 + FLAGS.warmup):
         step()
     print(BEGIN, flush=True)

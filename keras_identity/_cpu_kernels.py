@@ -143,6 +143,12 @@ def _x86():
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def _chosen_for(flags):
+    """Whether keras_identity chooses the kernels on a CPU with ``flags``:
+    x86 with AVX2 (elsewhere TensorFlow decides)."""
+    return _x86() and "avx2" in flags
+
+
 def _understood(value):
     """Whether TensorFlow reads ``value`` (else it ignores it)."""
     return value.isascii() and value.lower() in VALUES
@@ -211,7 +217,7 @@ def choose(path):
         _reason = IMPORTED_FIRST
         return None
     flags = cpu_flags()
-    if not _x86() or "avx2" not in flags:
+    if not _chosen_for(flags):
         _reason = "TensorFlow's own choice for this CPU"
         os.environ.pop(VARIABLE, None)  # an inherited choice of ours
         os.environ.pop(MARK, None)
@@ -289,7 +295,7 @@ def training_notice():
     it for the process (``_pywrap_util_port.IsMklEnabled``)."""
     if _reason != IMPORTED_FIRST or user_set() or onednn_enabled() is not False:
         return None
-    if not _x86() or "avx2" not in cpu_flags():
+    if not _chosen_for(cpu_flags()):
         return None
     return (f"TensorFlow trains on its Eigen CPU kernels here, since it was imported "
             f"before keras_identity and fixed its kernels then; on this CPU they train "
