@@ -303,6 +303,25 @@ def training_notice():
             f"set {VARIABLE}=1 before they are imported (in a notebook, restart it)")
 
 
+def onednn_isa_cap():
+    """The cap on oneDNN's instruction sets, ``ONEDNN_MAX_CPU_ISA`` (or its
+    older name ``DNNL_MAX_CPU_ISA``), as set; None where neither is."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or None
+
+
+def onednn_avx512(flags=None):
+    """Whether oneDNN may run its AVX-512 kernels here: an x86 CPU with
+    AVX-512 (F, BW, VL, DQ: oneDNN's ``avx512_core``) whose oneDNN is not
+    capped below it (:func:`onednn_isa_cap`: ``SSE41``, ``AVX``, ``AVX2``
+    and its VNNI forms)."""
+    flags = cpu_flags() if flags is None else flags
+    if not (_x86() and {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags):
+        return False
+    cap = (onednn_isa_cap() or "").strip().upper()
+    return not (cap.startswith("SSE") or (cap.startswith("AVX") and not (
+        cap.startswith("AVX512") or cap.startswith("AVX10"))))
+
+
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN kernels (None if TensorFlow is not
     imported: asking would import it and fix the choice)."""

@@ -31,7 +31,7 @@ def describe():
     text = f"{cpu}, {cores()} cores"
     # A cap on the vector units oneDNN may use (both frameworks read it): the
     # stated proxy for a CPU without the ones above it (e.g. AVX2 on AVX-512).
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    cap = cpu_kernels.onednn_isa_cap()
     if cap:
         text += f", oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA)"
     aten = os.environ.get("ATEN_CPU_CAPABILITY")

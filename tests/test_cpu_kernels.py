@@ -348,3 +348,26 @@ def test_training_on_eigen_after_tensorflows_import_is_noticed_on_avx2(fresh):
     assert cpu_kernels.training_notice() == line
     fresh.setattr(cpu_kernels, "_reason", "keras_identity's choice for serving on AVX2")
     assert cpu_kernels.training_notice() is None
+
+
+def test_onednn_avx512_reads_the_cpu_and_oneDNNs_cap(monkeypatch):
+    avx512 = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
+    monkeypatch.setattr(cpu_kernels, "_x86", lambda: True)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert cpu_kernels.onednn_isa_cap() is None
+    assert cpu_kernels.onednn_avx512(avx512)
+    assert not cpu_kernels.onednn_avx512(frozenset({"avx2", "fma"}))
+    assert not cpu_kernels.onednn_avx512(frozenset({"avx2", "avx512f"}))  # no avx512_core
+    for cap, expected in [("AVX2", False), ("avx2_vnni", False), ("SSE41", False),
+                          ("AVX", False), ("AVX512_CORE", True), ("AVX512_CORE_AMX", True),
+                          ("AVX10_1_512", True), ("ALL", True)]:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert cpu_kernels.onednn_avx512(avx512) is expected, cap
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # oneDNN's older name
+    assert cpu_kernels.onednn_isa_cap() == "AVX2"
+    assert not cpu_kernels.onednn_avx512(avx512)
+    monkeypatch.setattr(cpu_kernels, "_x86", lambda: False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA")
+    assert not cpu_kernels.onednn_avx512(avx512)

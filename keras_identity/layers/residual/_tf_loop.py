@@ -134,13 +134,66 @@ def _conv(x, kernel, bias, parts=1, summand=None):
     return _conv_part(x, kernel, bias, summand)
 
 
-def _batch_norm(x, gamma, beta, epsilon):
-    """Training-mode fused BN: output, (mean, biased variance), reserves."""
+def affine_batch_norm():
+    """Whether a training-mode BN of the loop computes its batch moments by
+    two matrix products and normalises as a per-channel affine map (a 1x1
+    depthwise convolution with BN's scale as its kernel and its shift as its
+    bias, the ReLU after it fused by Grappler), instead of
+    ``FusedBatchNormV3``: on a CPU whose oneDNN kernels stop below AVX-512
+    (the AVX2 class, or ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
+
+    oneDNN's batch normalisation for channels-last maps on AVX2
+    (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
+    3-5x its AVX-512 kernel's time on the same core: 3,867 against 1,243 µs
+    for a 16x32x32x64 training BN on one thread, where PyTorch's BN takes
+    1,385 µs and the products and the depthwise convolution 1,142 µs with the
+    ReLU (docs/performance.md, "The AVX2 class").  The gradient stays
+    ``FusedBatchNormGradV3``, which reads the batch mean and biased variance
+    as its reserves.  The moments are ``E[x^2] - E[x]^2`` (as Keras's JAX
+    backend computes them), accumulated in float32 over the batch.
+    """
+    return (bool(_cpu_kernels.onednn_enabled()) and not _cpu_kernels.onednn_avx512()
+            and not tf.config.list_physical_devices("GPU"))
+
+
+def _batch_norm(x, gamma, beta, epsilon, affine=False, relu=False):
+    """Training-mode BN: output (after the ReLU where ``relu``), (mean,
+    biased variance), reserves for ``FusedBatchNormGradV3``.  ``affine``
+    (float32 only): see :func:`affine_batch_norm`."""
+    if affine and x.dtype == tf.float32:
+        return _affine_batch_norm(x, gamma, beta, epsilon, relu)
     empty = tf.constant([], tf.float32)
     y, mean, variance, reserve1, reserve2, reserve3 = tf.raw_ops.FusedBatchNormV3(
         x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,
         exponential_avg_factor=1.0, data_format="NHWC", is_training=True)
-    return y, (mean, biased_variance(x, variance)), (reserve1, reserve2, reserve3)
+    return (tf.nn.relu(y) if relu else y), (mean, biased_variance(x, variance)), (
+        reserve1, reserve2, reserve3)
+
+
+def _affine_batch_norm(x, gamma, beta, epsilon, relu):
+    """:func:`_batch_norm` as :func:`affine_batch_norm` says: the reserves
+    are the batch mean and biased variance, as oneDNN's own (and reserve 3
+    empty).  Whole, not split along the batch as the convolutions are:
+    measured at ResNet-1001, batch 16, that was 4% slower (docs/performance.md)."""
+    channels = x.shape[-1]
+    rows = tf.reshape(x, [-1, channels])
+    count = tf.shape(rows)[0]
+    ones = tf.ones(tf.stack([1, count]), rows.dtype)
+    mean = tf.matmul(ones, rows)[0] / tf.cast(count, tf.float32)
+    variance = tf.maximum(
+        tf.matmul(ones, rows * rows)[0] / tf.cast(count, tf.float32) - tf.square(mean), 0.0)
+    y = _affine(x, gamma, beta, mean, variance, epsilon, relu)
+    return y, (mean, variance), (mean, variance, tf.zeros([0], tf.float32))
+
+
+def _affine(x, gamma, beta, mean, variance, epsilon, relu):
+    """BN of ``x`` with the given moments (and the ReLU after it) as one 1x1
+    depthwise convolution with a bias, which Grappler fuses with the ReLU."""
+    scale = gamma * tf.math.rsqrt(variance + epsilon)
+    y = tf.nn.bias_add(tf.nn.depthwise_conv2d(
+        x, tf.reshape(scale, [1, 1, x.shape[-1], 1]), [1, 1, 1, 1], "VALID"),
+        beta - mean * scale)
+    return tf.nn.relu(y) if relu else y
 
 
 def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gate=False):
@@ -202,7 +255,7 @@ def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gat
 
 
 def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, addition=None,
-            parts=1, fused_addition=None):
+            parts=1, fused_addition=None, affine_bn=False):
     """One unit.
 
     ``bns[i]`` is ``(gamma, beta)`` in training and ``(gamma, beta,
@@ -214,11 +267,12 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     the backward pass reads.  ``parts``: the convolutions' split along the
     batch (:func:`conv_parts`); ``fused_addition``: None, or the zero bias
     (``x``'s channels and dtype) through which a convolution followed by the
-    identity shortcut's addition adds ``x`` itself (:func:`fuse_addition`).
+    identity shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
+    ``affine_bn``: training-mode BN as :func:`affine_batch_norm` says.
     """
     saved, moments, added_moments = {}, [], []
     t = x
-    added = False
+    added = rectified = False
     for k, (step, slot) in enumerate(zip(program, slots)):
         if added:  # the addition, done by the convolution before it
             added = False
@@ -235,11 +289,14 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
         elif step[0] == "bn":
             gamma, beta = bns[step[1]]
             saved[slot[0]] = t
-            t, m, reserves = _batch_norm(t, gamma, beta, epsilon)
+            rectified = affine_bn and k + 1 < len(program) and program[k + 1] == RELU
+            t, m, reserves = _batch_norm(t, gamma, beta, epsilon, affine_bn, rectified)
             saved.update(zip(slot[1:], reserves + m))
             moments.append(m)
         elif step[0] == "relu":
-            t = tf.nn.relu(t)
+            if not rectified:  # else the BN before it applied it
+                t = tf.nn.relu(t)
+            rectified = False
             saved[slot[0]] = t
         else:
             if slot:
@@ -252,20 +309,24 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     return t, moments + list(added_moments), saved
 
 
-def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after):
+def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after, affine_bn=False):
     """``relu(BN(x))`` of the ReLU at step ``k`` from its BN's kept input and
     batch moments, not before ``after`` (the gradient reaching this point)
     exists: otherwise the backward loop could recompute several units ahead
-    (parallel iterations) and hold what ``"bn_relu"`` saved."""
+    (parallel iterations) and hold what ``"bn_relu"`` saved.  ``affine_bn``:
+    as :func:`affine_batch_norm` says (float32)."""
     bn_slot, i = slots[k - 1], program[k - 1][1]
     with tf.control_dependencies([after]):
         x = tf.identity(saved[bn_slot[0]])
-    y, _ = fused_batch_norm(x, *bns[i], saved[bn_slot[4]], saved[bn_slot[5]], epsilon, False)
+    mean, variance = saved[bn_slot[4]], saved[bn_slot[5]]
+    if affine_bn and x.dtype == tf.float32:
+        return _affine(x, *bns[i], mean, variance, epsilon, relu=True)
+    y, _ = fused_batch_norm(x, *bns[i], mean, variance, epsilon, False)
     return tf.nn.relu(y)
 
 
 def backward(program, slots, saved, grad, kernels, biases, bns, epsilon,
-             addition_vjp=None):
+             addition_vjp=None, affine_bn=False):
     """Gradients of one unit from its saved tensors (see :func:`forward`).
 
     A ``"recomputed"`` slot missing from ``saved`` is computed again from its
@@ -284,7 +345,7 @@ def backward(program, slots, saved, grad, kernels, biases, bns, epsilon,
     def read(index, after):
         if index not in saved:
             saved[index] = _recompute_bn_relu(program, slots, saved, made_by[index], bns,
-                                              epsilon, after)
+                                              epsilon, after, affine_bn)
         return saved[index]
 
     dkernels = [None] * len(kernels)
@@ -398,13 +459,14 @@ class _Unit:
         return dx, df, dweights
 
     def forward(self, program, slots, x, epsilon, training=True, parts=1,
-                fused_addition=None):
+                fused_addition=None, affine_bn=False):
         return forward(program, slots, x, self.kernels, self.biases, self.bns, epsilon,
-                       training, self.add if self.spec else None, parts, fused_addition)
+                       training, self.add if self.spec else None, parts, fused_addition,
+                       affine_bn)
 
-    def backward(self, program, slots, saved, grad, epsilon):
+    def backward(self, program, slots, saved, grad, epsilon, affine_bn=False):
         return backward(program, slots, saved, grad, self.kernels, self.biases, self.bns,
-                        epsilon, self.add_vjp if self.spec else None)
+                        epsilon, self.add_vjp if self.spec else None, affine_bn)
 
 
 class GateAddition:
@@ -512,6 +574,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
     num_moments = len(bns) + (addition.num_moments if addition else 0)
     parts = conv_parts()
     fuse = fuse_addition()
+    affine_bn = affine_batch_norm()
 
     @tf.custom_gradient
     def run(x, *stacked):
@@ -530,7 +593,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
         def body(j, x, store, stats):
             unit = _Unit(weights, j, kernels, biases, bns, addition)
             y, moments, saved = unit.forward(program, slots, x, epsilon, parts=parts,
-                                             fused_addition=zero_bias)
+                                             fused_addition=zero_bias, affine_bn=affine_bn)
             kept = [x] if whole_units else [saved[i] for i in kept_slots]
             shapes.update(enumerate(t.shape for t in kept))
             store = tuple(tf.raw_ops.TensorListPushBack(input_handle=s, tensor=t)
@@ -559,11 +622,12 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
                     # (parallel iterations) and hold their activations.
                     with tf.control_dependencies([g]):
                         unit_input = tf.identity(kept[0])
-                    _, _, saved = unit.forward(program, slots, unit_input, epsilon)
+                    _, _, saved = unit.forward(program, slots, unit_input, epsilon,
+                                               affine_bn=affine_bn)
                 else:
                     saved = dict(zip(kept_slots, kept))
                 dx, dkernels, dbiases, dbns, dadd = unit.backward(program, slots, saved, g,
-                                                                  epsilon)
+                                                                  epsilon, affine_bn)
                 flat = _flatten(dkernels, dbiases, dbns) + list(dadd)
                 return k + 1, dx, store, tuple(a.write(j, d) for a, d in zip(grads, flat))
 

@@ -128,16 +128,20 @@ def test_backward_equals_automatic_differentiation(unit, num_layers, recompute):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
 
 
-@pytest.mark.parametrize("recompute, parts, fused", [
-    ("none", 1, False), ("bn_relu", 1, False), ("unit", 1, False), ("none", 3, False),
-    ("bn_relu", 2, False), ("none", 1, True), ("none", 2, True), ("unit", 3, True)])
+@pytest.mark.parametrize("recompute, parts, fused, affine", [
+    ("none", 1, False, False), ("bn_relu", 1, False, False), ("unit", 1, False, False),
+    ("none", 3, False, False), ("bn_relu", 2, False, False), ("none", 1, True, False),
+    ("none", 2, True, False), ("unit", 3, True, False), ("none", 1, False, True),
+    ("bn_relu", 2, True, True), ("unit", 2, True, True), ("none", 3, True, True)])
 def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, parts, fused,
-                                                                      monkeypatch):
+                                                                      affine, monkeypatch):
     # parts > 1: the forward convolutions split along the batch, as with one
     # thread per operation (batch 2 in 3 parts: fewer examples than parts, whole).
     # fused: the last convolution adds the shortcut (oneDNN's fused sum).
+    # affine: BN as two matrix products and a depthwise convolution (the AVX2 class).
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
     monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
+    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: affine)
     rng = np.random.default_rng(0)
     num_units, num_layers = 3, 2
     program = unit_program("full_preactivation", num_layers)
@@ -179,7 +183,7 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, 
 
 
 @pytest.mark.parametrize("recompute", ["none", "bn_relu", "unit"])
-def test_training_graph_keeps_only_the_saved_layout(recompute):
+def test_training_graph_keeps_only_the_saved_layout(recompute, monkeypatch):
     # The forward loop pushes exactly the tensors of saved_layout (15 for a
     # pre-activation bottleneck: 6 feature maps and 9 BN reserves; with
     # bn_relu 3 feature maps, 9 reserves and 6 moments; with unit recompute
@@ -189,6 +193,7 @@ def test_training_graph_keeps_only_the_saved_layout(recompute):
     # graph's size does not depend on the number of units.
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(0)
+    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: False)  # on any CPU class
 
     def op_types(num_units):
         units = [_unit_weights(program, 3, 4, False, rng) for _ in range(num_units)]
@@ -306,6 +311,87 @@ def test_the_fused_addition_changes_no_ordering(unit, use_bias):
         np.testing.assert_allclose(m1, m2, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
     assert sorted(fused[2]) == sorted(plain[2])
+
+
+@pytest.mark.parametrize("unit", UNITS)
+@pytest.mark.parametrize("parts", [1, 2])
+def test_affine_batch_norm_changes_no_ordering(unit, parts):
+    # Every Fig. 4 ordering with its training-mode BN computed as the
+    # AVX2 class computes it (batch moments by matrix products, the
+    # normalisation and a ReLU after it as a depthwise convolution): the same
+    # output, moments, saved tensors and BN reserves the gradient reads; with
+    # the convolutions split too.
+    rng = np.random.default_rng(4)
+    program = unit_program(unit, 2)
+    slots, _ = unit_loop.saved_layout(program)
+    kernels, biases, bns = _unit_weights(program, 2, 4, False, rng)
+    x = tf.constant(rng.normal(2.0, 3.0, size=(3, 5, 5, 4)), tf.float32)
+    plain = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5)
+    affine = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5, parts=parts,
+                               affine_bn=True)
+    np.testing.assert_allclose(affine[0], plain[0], rtol=1e-5, atol=1e-5)
+    assert len(affine[1]) == len(plain[1]) == 2
+    for (m1, v1), (m2, v2) in zip(affine[1], plain[1]):
+        np.testing.assert_allclose(m1, m2, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-4)
+    assert sorted(affine[2]) == sorted(plain[2])
+    for slot in plain[2]:
+        if plain[2][slot].shape.num_elements():  # reserve 3 is empty in both
+            np.testing.assert_allclose(affine[2][slot], plain[2][slot], rtol=1e-4, atol=1e-4)
+
+
+def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch):
+    from keras_identity import _cpu_kernels
+
+    monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: True)
+    monkeypatch.setattr(_cpu_kernels, "onednn_avx512", lambda: False)
+    assert unit_loop.affine_batch_norm() is not bool(tf.config.list_physical_devices("GPU"))
+    monkeypatch.setattr(_cpu_kernels, "onednn_avx512", lambda: True)
+    assert not unit_loop.affine_batch_norm()
+    monkeypatch.setattr(_cpu_kernels, "onednn_avx512", lambda: False)
+    monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: False)
+    assert not unit_loop.affine_batch_norm()
+
+
+def test_onednn_below_avx512_runs_bn_as_a_depthwise_convolution_with_its_relu():
+    # In a fresh process with oneDNN capped at AVX2 (the AVX2 class's
+    # kernels): a training step's forward BNs run as depthwise convolutions
+    # carrying the ReLU after them (Grappler fused it), none as oneDNN's BN;
+    # the backward BNs stay oneDNN's.
+    probe = (
+        "import numpy as np, keras, tensorflow as tf\n"
+        "import keras_identity as ki\n"
+        "from keras_identity.layers.residual import _tf_loop\n"
+        "print('AFFINE', _tf_loop.affine_batch_norm(), flush=True)\n"
+        "model = ki.models.preact_resnet(29, block='bottleneck', stage_mode='scan')\n"
+        "model.compile(keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
+        "x, y = np.random.rand(4, 32, 32, 3).astype('float32'), np.arange(4)\n"
+        "model.train_on_batch(x, y)\n"
+        "print('STEP', flush=True)\n"
+        "model.train_on_batch(x, y)\n"
+        "print('END', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, text=True,
+                          capture_output=True, timeout=300,
+                          env=dict(os.environ, KERAS_BACKEND="tensorflow", ONEDNN_VERBOSE="1",
+                                   TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    if "AFFINE True" not in out:
+        pytest.skip("TensorFlow runs Eigen's kernels here, or a CPU without x86 AVX2")
+    step = out[out.index("STEP"):out.index("END")]
+    lines = step.splitlines()
+    depthwise = [line for line in lines if ",convolution," in line and "_dw" in line
+                 and ",forward_training," in line]
+    bn = [line for line in lines if ",batch_normalization," in line]
+    forward = [line for line in bn if ",forward_training," in line]
+    backward = [line for line in bn if ",backward," in line]
+    # ResNet-29: 3 bottleneck units a stage, the first with a projection
+    # (a layer of its own), so 6 looped units of 3 BN-ReLU each.
+    assert len(depthwise) == 18, "\n".join(depthwise)
+    assert all("eltwise_relu" in line for line in depthwise), depthwise[0]
+    # oneDNN's forward BN only outside the loop (the three projection units'
+    # three and the last BN); its backward BN for all 28.
+    assert (len(forward), len(backward)) == (10, 28)
 
 
 # A program in the README's old order: TensorFlow imported (here with Eigen's
