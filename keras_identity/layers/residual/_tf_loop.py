@@ -135,22 +135,26 @@ def _conv(x, kernel, bias, parts=1, summand=None):
 
 
 def affine_batch_norm():
-    """Whether a training-mode BN of the loop computes its batch moments by
-    two matrix products and normalises as a per-channel affine map (a 1x1
+    """Whether the loop's BN normalises as a per-channel affine map (a 1x1
     depthwise convolution with BN's scale as its kernel and its shift as its
-    bias, the ReLU after it fused by Grappler), instead of
-    ``FusedBatchNormV3``: on a CPU whose oneDNN kernels stop below AVX-512
-    (the AVX2 class, or ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
+    bias, the ReLU after it fused by Grappler) instead of ``FusedBatchNormV3``,
+    in training taking the batch moments from two matrix products: on a CPU
+    whose oneDNN kernels stop below AVX-512 (the AVX2 class, or
+    ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
 
     oneDNN's batch normalisation for channels-last maps on AVX2
     (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
     3-5x its AVX-512 kernel's time on the same core: 3,867 against 1,243 µs
     for a 16x32x32x64 training BN on one thread, where PyTorch's BN takes
     1,385 µs and the products and the depthwise convolution 1,142 µs with the
-    ReLU (docs/performance.md, "The AVX2 class").  The gradient stays
-    ``FusedBatchNormGradV3``, which reads the batch mean and biased variance
-    as its reserves.  The moments are ``E[x^2] - E[x]^2`` (as Keras's JAX
-    backend computes them), accumulated in float32 over the batch.
+    ReLU; its inference kernel is as slow (docs/performance.md, "The AVX2
+    class").  The gradient stays ``FusedBatchNormGradV3``, which reads the
+    batch mean and biased variance as its reserves.  The moments are
+    ``E[x^2] - E[x]^2`` (as Keras's JAX backend computes them), accumulated
+    in float32 over the batch.  A SavedModel exported from such a process
+    carries the depthwise form (Eigen's CPU kernels run it 12-14% slower
+    than their BN at inference); ``keras-identity-export`` chooses the
+    inference path's kernels, and with them ``FusedBatchNormV3``.
     """
     return (bool(_cpu_kernels.onednn_enabled()) and not _cpu_kernels.onednn_avx512()
             and not tf.config.list_physical_devices("GPU"))
@@ -284,6 +288,9 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
                      and not slots[k + 1])
             t = _conv(t, kernels[step[1]], biases[step[1]], parts,
                       (x, fused_addition) if added else None)
+        elif step[0] == "bn" and not training and affine_bn and t.dtype == tf.float32:
+            rectified = k + 1 < len(program) and program[k + 1] == RELU
+            t = _affine(t, *bns[step[1]], epsilon, rectified)
         elif step[0] == "bn" and not training:
             t, _ = fused_batch_norm(t, *bns[step[1]], epsilon, False)
         elif step[0] == "bn":
@@ -515,10 +522,11 @@ def inference_loop(program, inputs, kernels, biases, bns, epsilon, addition=None
     slots, _ = saved_layout(program)
     stacked = _flatten(kernels, biases, bns) + (addition.weights if addition else [])
     weights = [_per_unit(w.dtype, num_units, w, w.shape[1:]) for w in stacked]
+    affine_bn = affine_batch_norm()
 
     def body(j, x):
         unit = _Unit(weights, j, kernels, biases, bns, addition)
-        y, _, _ = unit.forward(program, slots, x, epsilon, training=False)
+        y, _, _ = unit.forward(program, slots, x, epsilon, training=False, affine_bn=affine_bn)
         return j + 1, y
 
     # tf.while_loop rather than keras.ops.fori_loop: XLA needs the trip

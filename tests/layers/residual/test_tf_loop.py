@@ -338,6 +338,36 @@ def test_affine_batch_norm_changes_no_ordering(unit, parts):
     for slot in plain[2]:
         if plain[2][slot].shape.num_elements():  # reserve 3 is empty in both
             np.testing.assert_allclose(affine[2][slot], plain[2][slot], rtol=1e-4, atol=1e-4)
+    # At inference, with moving statistics.
+    moving = [(g, b, tf.constant(rng.normal(size=4), tf.float32),
+               tf.constant(rng.uniform(0.5, 4.0, 4), tf.float32)) for g, b in bns]
+    plain = unit_loop.forward(program, slots, x, kernels, biases, moving, 1e-5, training=False)
+    affine = unit_loop.forward(program, slots, x, kernels, biases, moving, 1e-5,
+                               training=False, affine_bn=True)
+    np.testing.assert_allclose(affine[0], plain[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_the_inference_loop_is_the_units_with_moving_statistics(affine, monkeypatch):
+    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: affine)
+    rng = np.random.default_rng(5)
+    num_units, num_layers = 3, 3
+    program = unit_program("full_preactivation", num_layers)
+    slots, _ = unit_loop.saved_layout(program)
+    units = [_unit_weights(program, num_layers, 4, False, rng) for _ in range(num_units)]
+    moving = [[(g, b, tf.constant(rng.normal(size=4), tf.float32),
+                tf.constant(rng.uniform(0.5, 4.0, 4), tf.float32)) for g, b in u[2]]
+              for u in units]
+    x = tf.constant(rng.normal(size=(2, 5, 5, 4)), tf.float32)
+    expected = x
+    for j in range(num_units):
+        expected, _, _ = unit_loop.forward(program, slots, expected, units[j][0],
+                                           [None] * num_layers, moving[j], 1e-5, training=False)
+    stack = lambda values: tf.stack(values)  # noqa: E731
+    kernels = [stack([u[0][i] for u in units]) for i in range(num_layers)]
+    bns = [tuple(stack([m[i][k] for m in moving]) for k in range(4)) for i in range(num_layers)]
+    got = unit_loop.inference_loop(program, x, kernels, [None] * num_layers, bns, 1e-5)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch):
