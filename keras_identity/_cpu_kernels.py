@@ -322,6 +322,14 @@ def onednn_avx512(flags=None):
         cap.startswith("AVX512") or cap.startswith("AVX10"))))
 
 
+def onednn_below_avx512(flags=None):
+    """Whether oneDNN runs its AVX2 kernels here: an x86 CPU with AVX2 whose
+    oneDNN cannot use AVX-512 (:func:`onednn_avx512`), e.g. an AMD EPYC Zen
+    2/3 or ``ONEDNN_MAX_CPU_ISA=AVX2``."""
+    flags = cpu_flags() if flags is None else flags
+    return _chosen_for(flags) and not onednn_avx512(flags)
+
+
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN kernels (None if TensorFlow is not
     imported: asking would import it and fix the choice)."""

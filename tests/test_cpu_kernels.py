@@ -368,6 +368,11 @@ def test_onednn_avx512_reads_the_cpu_and_oneDNNs_cap(monkeypatch):
     monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # oneDNN's older name
     assert cpu_kernels.onednn_isa_cap() == "AVX2"
     assert not cpu_kernels.onednn_avx512(avx512)
-    monkeypatch.setattr(cpu_kernels, "_x86", lambda: False)
+    assert cpu_kernels.onednn_below_avx512(avx512)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA")
+    assert not cpu_kernels.onednn_below_avx512(avx512)
+    assert cpu_kernels.onednn_below_avx512(frozenset({"avx2", "fma"}))
+    assert not cpu_kernels.onednn_below_avx512(frozenset({"avx", "sse4_2"}))
+    monkeypatch.setattr(cpu_kernels, "_x86", lambda: False)  # e.g. aarch64's oneDNN
     assert not cpu_kernels.onednn_avx512(avx512)
+    assert not cpu_kernels.onednn_below_avx512(frozenset({"avx2"}))

@@ -98,6 +98,14 @@ def test_transfer_weights_rejects_different_networks():
         transfer_weights(a, b)
 
 
+def _loop_bn_differs():
+    if BACKEND != "tensorflow":
+        return False
+    from keras_identity.layers.residual import _tf_loop
+
+    return _tf_loop.affine_batch_norm()
+
+
 # Through fit (training flag, seeds, moving statistics, the optimizer): the
 # identity, a gate, a projection and the random masks; every ordering x
 # shortcut is compared layer by layer in tests/layers/residual/test_stack.py.
@@ -127,8 +135,12 @@ def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
     # per step at this size (a perturbation of 1e-7 in the unrolled model's
     # weights does the same), so JAX compares one epoch of two steps at the
     # gates' learning rate.
-    epochs = 1 if BACKEND == "jax" else 2
-    if BACKEND == "jax":
+    # TensorFlow below AVX-512 with oneDNN: the loop's BN takes its depthwise
+    # form (_tf_loop.affine_batch_norm) and the layers keep oneDNN's, so the
+    # forms round differently there too (relative 1e-6 a forward pass).
+    rounds_differently = BACKEND == "jax" or _loop_bn_differs()
+    epochs = 1 if rounds_differently else 2
+    if rounds_differently:
         learning_rate = 1e-3
     unrolled = ki.models.resnet(29, stage_mode="unrolled", **kwargs)
     looped = ki.models.resnet(29, stage_mode="scan", **kwargs)

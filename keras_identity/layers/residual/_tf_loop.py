@@ -6,8 +6,9 @@ accumulators for each tensor the body captures; for a bottleneck unit that is
 about seventy captured tensors, a second of tracing for ResNet-164 and an
 ``AddN`` of gradient lists in every step.  The units of a
 :class:`~keras_identity.layers.ResidualStack` are made of four operations
-only (convolution, bias, fused BatchNormalization and ReLU, joined by the
-shortcut addition of Eqn. 1), so their backward pass is written here
+only (convolution, bias, BatchNormalization and ReLU, joined by the
+shortcut addition of Eqn. 1; BN by TensorFlow's fused op, or on the AVX2
+class as a depthwise convolution: :func:`affine_batch_norm`), so their backward pass is written here
 directly: the forward loop stores, for unit ``j``, the tensors each
 operation's gradient needs (what automatic differentiation would store), and
 the backward loop walks the units from last to first applying the gradient
@@ -139,8 +140,9 @@ def affine_batch_norm():
     depthwise convolution with BN's scale as its kernel and its shift as its
     bias, the ReLU after it fused by Grappler) instead of ``FusedBatchNormV3``,
     in training taking the batch moments from two matrix products: on a CPU
-    whose oneDNN kernels stop below AVX-512 (the AVX2 class, or
-    ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
+    whose oneDNN kernels stop below AVX-512
+    (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2
+    class, or ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
 
     oneDNN's batch normalisation for channels-last maps on AVX2
     (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
@@ -151,12 +153,14 @@ def affine_batch_norm():
     class").  The gradient stays ``FusedBatchNormGradV3``, which reads the
     batch mean and biased variance as its reserves.  The moments are
     ``E[x^2] - E[x]^2`` (as Keras's JAX backend computes them), accumulated
-    in float32 over the batch.  A SavedModel exported from such a process
-    carries the depthwise form (Eigen's CPU kernels run it 12-14% slower
-    than their BN at inference); ``keras-identity-export`` chooses the
-    inference path's kernels, and with them ``FusedBatchNormV3``.
+    in float32 over the batch; like any form of BN that shifts after
+    scaling, it loses digits where a channel's mean is thousands of its
+    standard deviations.  A SavedModel exported from such a process carries
+    the depthwise form (Eigen's CPU kernels run it 12-14% slower than their
+    BN at inference); ``keras-identity-export`` runs TensorFlow's own kernel
+    choice, Eigen's on most AVX2 CPUs, and there writes ``FusedBatchNormV3``.
     """
-    return (bool(_cpu_kernels.onednn_enabled()) and not _cpu_kernels.onednn_avx512()
+    return (bool(_cpu_kernels.onednn_enabled()) and _cpu_kernels.onednn_below_avx512()
             and not tf.config.list_physical_devices("GPU"))
 
 
@@ -272,7 +276,8 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     batch (:func:`conv_parts`); ``fused_addition``: None, or the zero bias
     (``x``'s channels and dtype) through which a convolution followed by the
     identity shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
-    ``affine_bn``: training-mode BN as :func:`affine_batch_norm` says.
+    ``affine_bn``: BN (in training and at inference) as
+    :func:`affine_batch_norm` says.
     """
     saved, moments, added_moments = {}, [], []
     t = x

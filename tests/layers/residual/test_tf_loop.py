@@ -370,15 +370,59 @@ def test_the_inference_loop_is_the_units_with_moving_statistics(affine, monkeypa
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_affine_form_replaces_the_fused_op_in_float32_only(dtype, monkeypatch):
+    # The graphs of a training step and of the inference loop with the
+    # affine form on: float32 BN forward as depthwise convolutions (three a
+    # pre-activation bottleneck unit, plus three recomputed with bn_relu),
+    # no FusedBatchNormV3; the gradient still FusedBatchNormGradV3.  In
+    # bfloat16 the fused op stays (forward and recomputed).
+    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: True)
+    program = unit_program("full_preactivation", 3)
+    rng = np.random.default_rng(6)
+    units = [_unit_weights(program, 3, 4, False, rng) for _ in range(2)]
+    kernels = [tf.cast(tf.stack([u[0][i] for u in units]), dtype) for i in range(3)]
+    gammas = [tf.stack([u[2][i][0] for u in units]) for i in range(3)]
+    betas = [tf.stack([u[2][i][1] for u in units]) for i in range(3)]
+
+    def ops_of(function, *specs):
+        graph_def = tf.function(function).get_concrete_function(*specs).graph.as_graph_def()
+        nodes = list(graph_def.node)
+        for library_function in graph_def.library.function:
+            nodes.extend(library_function.node_def)
+        return [node.op for node in nodes]
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(kernels)
+            y, _ = unit_loop.train_loop(program, x, kernels, [None] * 3,
+                                        list(zip(gammas, betas)), 1e-5, recompute="bn_relu")
+            loss = tf.reduce_sum(tf.cast(y, tf.float32))
+        return tape.gradient(loss, kernels)
+
+    def infer(x):
+        bns = [(g, b, tf.zeros_like(g), tf.ones_like(g)) for g, b in zip(gammas, betas)]
+        return unit_loop.inference_loop(program, x, kernels, [None] * 3, bns, 1e-5)
+
+    spec = tf.TensorSpec((2, 5, 5, 4), dtype)
+    training, inference = ops_of(step, spec), ops_of(infer, spec)
+    assert training.count("FusedBatchNormGradV3") == 3
+    affine = dtype == "float32"
+    assert training.count("DepthwiseConv2dNative") == (6 if affine else 0)
+    assert training.count("FusedBatchNormV3") == (0 if affine else 6)
+    assert inference.count("DepthwiseConv2dNative") == (3 if affine else 0)
+    assert ("FusedBatchNormV3" in inference) is not affine
+
+
 def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch):
     from keras_identity import _cpu_kernels
 
     monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: True)
-    monkeypatch.setattr(_cpu_kernels, "onednn_avx512", lambda: False)
+    monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: True)
     assert unit_loop.affine_batch_norm() is not bool(tf.config.list_physical_devices("GPU"))
-    monkeypatch.setattr(_cpu_kernels, "onednn_avx512", lambda: True)
+    monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: False)
     assert not unit_loop.affine_batch_norm()
-    monkeypatch.setattr(_cpu_kernels, "onednn_avx512", lambda: False)
+    monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: True)
     monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: False)
     assert not unit_loop.affine_batch_norm()
 
