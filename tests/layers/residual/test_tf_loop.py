@@ -257,16 +257,15 @@ def test_a_convolution_that_adds_the_shortcut_is_the_convolution_plus_the_shortc
             np.testing.assert_allclose(fused(x, shortcut), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_onednn_runs_the_shortcut_addition_inside_the_convolution():
-    # In a fresh process with oneDNN's kernels on (the default on AVX-512
-    # CPUs) and its log on: each identity unit's last convolution of a
-    # training step carries oneDNN's sum post-op (Grappler fused the zero
-    # bias and the addition into it), the others do not.
+def _onednn_log_of_a_step(choice, **env):
+    """``(_tf_loop.<choice>(), oneDNN's log of the second training step)`` of
+    a looped bottleneck ResNet-29 at batch 4, in a fresh process with oneDNN's
+    kernels and its log on (and ``env``)."""
     probe = (
         "import numpy as np, keras, tensorflow as tf\n"
         "import keras_identity as ki\n"
         "from keras_identity.layers.residual import _tf_loop\n"
-        "print('FUSE', _tf_loop.fuse_addition(), flush=True)\n"
+        f"print('CHOICE', _tf_loop.{choice}(), flush=True)\n"
         "model = ki.models.preact_resnet(29, block='bottleneck', stage_mode='scan')\n"
         "model.compile(keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
         "x, y = np.random.rand(4, 32, 32, 3).astype('float32'), np.arange(4)\n"
@@ -277,12 +276,20 @@ def test_onednn_runs_the_shortcut_addition_inside_the_convolution():
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, text=True,
                           capture_output=True, timeout=300,
                           env=dict(os.environ, KERAS_BACKEND="tensorflow", ONEDNN_VERBOSE="1",
-                                   TF_ENABLE_ONEDNN_OPTS="1"))
+                                   TF_ENABLE_ONEDNN_OPTS="1", **env))
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
-    if "FUSE True" not in out:
+    return "CHOICE True" in out, out[out.index("STEP"):out.index("END")]
+
+
+def test_onednn_runs_the_shortcut_addition_inside_the_convolution():
+    # In a fresh process with oneDNN's kernels on (the default on AVX-512
+    # CPUs) and its log on: each identity unit's last convolution of a
+    # training step carries oneDNN's sum post-op (Grappler fused the zero
+    # bias and the addition into it), the others do not.
+    fusing, step = _onednn_log_of_a_step("fuse_addition")
+    if not fusing:
         pytest.skip("TensorFlow runs Eigen's kernels here (no oneDNN)")
-    step = out[out.index("STEP"):out.index("END")]
     convs = [line for line in step.splitlines()
              if ",convolution," in line and ",forward_training," in line]
     fused = [line for line in convs if "attr-post-ops:sum" in line]
@@ -432,27 +439,9 @@ def test_onednn_below_avx512_runs_bn_as_a_depthwise_convolution_with_its_relu():
     # kernels): a training step's forward BNs run as depthwise convolutions
     # carrying the ReLU after them (Grappler fused it), none as oneDNN's BN;
     # the backward BNs stay oneDNN's.
-    probe = (
-        "import numpy as np, keras, tensorflow as tf\n"
-        "import keras_identity as ki\n"
-        "from keras_identity.layers.residual import _tf_loop\n"
-        "print('AFFINE', _tf_loop.affine_batch_norm(), flush=True)\n"
-        "model = ki.models.preact_resnet(29, block='bottleneck', stage_mode='scan')\n"
-        "model.compile(keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
-        "x, y = np.random.rand(4, 32, 32, 3).astype('float32'), np.arange(4)\n"
-        "model.train_on_batch(x, y)\n"
-        "print('STEP', flush=True)\n"
-        "model.train_on_batch(x, y)\n"
-        "print('END', flush=True)\n")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, text=True,
-                          capture_output=True, timeout=300,
-                          env=dict(os.environ, KERAS_BACKEND="tensorflow", ONEDNN_VERBOSE="1",
-                                   TF_ENABLE_ONEDNN_OPTS="1", ONEDNN_MAX_CPU_ISA="AVX2"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
-    if "AFFINE True" not in out:
+    affine, step = _onednn_log_of_a_step("affine_batch_norm", ONEDNN_MAX_CPU_ISA="AVX2")
+    if not affine:
         pytest.skip("TensorFlow runs Eigen's kernels here, or a CPU without x86 AVX2")
-    step = out[out.index("STEP"):out.index("END")]
     lines = step.splitlines()
     depthwise = [line for line in lines if ",convolution," in line and "_dw" in line
                  and ",forward_training," in line]
