@@ -8,8 +8,8 @@ about seventy captured tensors, a second of tracing for ResNet-164 and an
 :class:`~keras_identity.layers.ResidualStack` are made of four operations
 only (convolution, bias, BatchNormalization and ReLU, joined by the
 shortcut addition of Eqn. 1; BN by TensorFlow's fused op, or on the AVX2
-class as a depthwise convolution: :func:`affine_batch_norm`), so their backward pass is written here
-directly: the forward loop stores, for unit ``j``, the tensors each
+class as a depthwise convolution: :func:`affine_batch_norm`), so their
+backward pass is written here directly: the forward loop stores, for unit ``j``, the tensors each
 operation's gradient needs (what automatic differentiation would store), and
 the backward loop walks the units from last to first applying the gradient
 kernels ``Conv2DBackpropInput/Filter``, ``FusedBatchNormGradV3`` and
@@ -164,11 +164,17 @@ def affine_batch_norm():
             and not tf.config.list_physical_devices("GPU"))
 
 
+def _affine_bn_for(inputs):
+    """:func:`affine_batch_norm` for a loop over ``inputs``: float32 maps
+    only (mixed precision keeps the fused op)."""
+    return inputs.dtype == tf.float32 and affine_batch_norm()
+
+
 def _batch_norm(x, gamma, beta, epsilon, affine=False, relu=False):
     """Training-mode BN: output (after the ReLU where ``relu``), (mean,
-    biased variance), reserves for ``FusedBatchNormGradV3``.  ``affine``
-    (float32 only): see :func:`affine_batch_norm`."""
-    if affine and x.dtype == tf.float32:
+    biased variance), reserves for ``FusedBatchNormGradV3``.  ``affine``:
+    see :func:`affine_batch_norm`."""
+    if affine:
         return _affine_batch_norm(x, gamma, beta, epsilon, relu)
     empty = tf.constant([], tf.float32)
     y, mean, variance, reserve1, reserve2, reserve3 = tf.raw_ops.FusedBatchNormV3(
@@ -277,7 +283,8 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     (``x``'s channels and dtype) through which a convolution followed by the
     identity shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
     ``affine_bn``: BN (in training and at inference) as
-    :func:`affine_batch_norm` says.
+    :func:`affine_batch_norm` says, for float32 maps (see
+    :func:`_affine_bn_for`).
     """
     saved, moments, added_moments = {}, [], []
     t = x
@@ -293,15 +300,15 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
                      and not slots[k + 1])
             t = _conv(t, kernels[step[1]], biases[step[1]], parts,
                       (x, fused_addition) if added else None)
-        elif step[0] == "bn" and not training and affine_bn and t.dtype == tf.float32:
-            rectified = k + 1 < len(program) and program[k + 1] == RELU
-            t = _affine(t, *bns[step[1]], epsilon, rectified)
-        elif step[0] == "bn" and not training:
-            t, _ = fused_batch_norm(t, *bns[step[1]], epsilon, False)
         elif step[0] == "bn":
+            # The depthwise form applies the ReLU after it (fused by Grappler).
+            rectified = affine_bn and program[k + 1:k + 2] == [RELU]
+            if not training:
+                t = (_affine(t, *bns[step[1]], epsilon, rectified) if affine_bn
+                     else fused_batch_norm(t, *bns[step[1]], epsilon, False)[0])
+                continue
             gamma, beta = bns[step[1]]
             saved[slot[0]] = t
-            rectified = affine_bn and k + 1 < len(program) and program[k + 1] == RELU
             t, m, reserves = _batch_norm(t, gamma, beta, epsilon, affine_bn, rectified)
             saved.update(zip(slot[1:], reserves + m))
             moments.append(m)
@@ -326,12 +333,12 @@ def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after, affine_bn=
     batch moments, not before ``after`` (the gradient reaching this point)
     exists: otherwise the backward loop could recompute several units ahead
     (parallel iterations) and hold what ``"bn_relu"`` saved.  ``affine_bn``:
-    as :func:`affine_batch_norm` says (float32)."""
+    as :func:`affine_batch_norm` says."""
     bn_slot, i = slots[k - 1], program[k - 1][1]
     with tf.control_dependencies([after]):
         x = tf.identity(saved[bn_slot[0]])
     mean, variance = saved[bn_slot[4]], saved[bn_slot[5]]
-    if affine_bn and x.dtype == tf.float32:
+    if affine_bn:
         return _affine(x, *bns[i], mean, variance, epsilon, relu=True)
     y, _ = fused_batch_norm(x, *bns[i], mean, variance, epsilon, False)
     return tf.nn.relu(y)
@@ -527,7 +534,7 @@ def inference_loop(program, inputs, kernels, biases, bns, epsilon, addition=None
     slots, _ = saved_layout(program)
     stacked = _flatten(kernels, biases, bns) + (addition.weights if addition else [])
     weights = [_per_unit(w.dtype, num_units, w, w.shape[1:]) for w in stacked]
-    affine_bn = affine_batch_norm()
+    affine_bn = _affine_bn_for(inputs)
 
     def body(j, x):
         unit = _Unit(weights, j, kernels, biases, bns, addition)
@@ -587,7 +594,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
     num_moments = len(bns) + (addition.num_moments if addition else 0)
     parts = conv_parts()
     fuse = fuse_addition()
-    affine_bn = affine_batch_norm()
+    affine_bn = _affine_bn_for(inputs)
 
     @tf.custom_gradient
     def run(x, *stacked):
