@@ -312,12 +312,18 @@ def test_the_fused_addition_changes_no_ordering(unit, use_bias):
     plain = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5)
     fused = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5,
                               fused_addition=tf.zeros([4]))
-    np.testing.assert_allclose(fused[0], plain[0], rtol=1e-5, atol=1e-5)
-    assert len(fused[1]) == len(plain[1]) == 2
-    for (m1, v1), (m2, v2) in zip(fused[1], plain[1]):
+    _assert_same_unit(fused, plain, variance_atol=1e-5)
+
+
+def _assert_same_unit(got, plain, variance_atol):
+    """Two :func:`forward` results of a 2-layer unit: the same output, BN
+    moments and saved tensors' slots."""
+    np.testing.assert_allclose(got[0], plain[0], rtol=1e-5, atol=1e-5)
+    assert len(got[1]) == len(plain[1]) == 2
+    for (m1, v1), (m2, v2) in zip(got[1], plain[1]):
         np.testing.assert_allclose(m1, m2, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-5)
-    assert sorted(fused[2]) == sorted(plain[2])
+        np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=variance_atol)
+    assert sorted(got[2]) == sorted(plain[2])
 
 
 @pytest.mark.parametrize("unit", UNITS)
@@ -336,12 +342,7 @@ def test_affine_batch_norm_changes_no_ordering(unit, parts):
     plain = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5)
     affine = unit_loop.forward(program, slots, x, kernels, biases, bns, 1e-5, parts=parts,
                                affine_bn=True)
-    np.testing.assert_allclose(affine[0], plain[0], rtol=1e-5, atol=1e-5)
-    assert len(affine[1]) == len(plain[1]) == 2
-    for (m1, v1), (m2, v2) in zip(affine[1], plain[1]):
-        np.testing.assert_allclose(m1, m2, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-4)
-    assert sorted(affine[2]) == sorted(plain[2])
+    _assert_same_unit(affine, plain, variance_atol=1e-4)
     for slot in plain[2]:
         if plain[2][slot].shape.num_elements():  # reserve 3 is empty in both
             np.testing.assert_allclose(affine[2][slot], plain[2][slot], rtol=1e-4, atol=1e-4)
