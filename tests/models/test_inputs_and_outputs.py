@@ -128,7 +128,7 @@ def test_weights_from_a_keras_file_across_stage_modes_and_without_the_top(
                                        weights=str(tmp_path / "trained.keras"))
     cut = keras.Model(trained.inputs, trained.get_layer("avg_pool").output)
     # Untrained, 54 units: features of up to 1e6, which the forms' BN (the
-    # loop's depthwise form below AVX-512, _tf_loop.affine_batch_norm) round
+    # loop's depthwise form below AVX-512, _tf_batch_norm.affine_batch_norm) round
     # differently in the sixth digit of the largest.
     expected = cut.predict(cifar_pixels, verbose=0)
     np.testing.assert_allclose(backbone.predict(cifar_pixels, verbose=0), expected,

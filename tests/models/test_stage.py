@@ -101,9 +101,9 @@ def test_transfer_weights_rejects_different_networks():
 def _loop_bn_differs():
     if BACKEND != "tensorflow":
         return False
-    from keras_identity.layers.residual import _tf_loop
+    from keras_identity.layers.residual import _tf_batch_norm
 
-    return _tf_loop.affine_batch_norm()
+    return _tf_batch_norm.affine_batch_norm()
 
 
 # Through fit (training flag, seeds, moving statistics, the optimizer): the
@@ -136,7 +136,7 @@ def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
     # weights does the same), so JAX compares one epoch of two steps at the
     # gates' learning rate.
     # TensorFlow below AVX-512 with oneDNN: the loop's BN takes its depthwise
-    # form (_tf_loop.affine_batch_norm) and the layers keep oneDNN's, so the
+    # form (_tf_batch_norm.affine_batch_norm) and the layers keep oneDNN's, so the
     # forms round differently there too (relative 1e-6 a forward pass).
     rounds_differently = BACKEND == "jax" or _loop_bn_differs()
     epochs = 1 if rounds_differently else 2

@@ -8,7 +8,7 @@ about seventy captured tensors, a second of tracing for ResNet-164 and an
 :class:`~keras_identity.layers.ResidualStack` are made of four operations
 only (convolution, bias, BatchNormalization and ReLU, joined by the
 shortcut addition of Eqn. 1; BN by TensorFlow's fused op, or on the AVX2
-class as a depthwise convolution: :func:`affine_batch_norm`), so their
+class as a depthwise convolution: :func:`~._tf_batch_norm.affine_batch_norm`), so their
 backward pass is written here directly: the forward loop stores, for unit ``j``, the tensors each
 operation's gradient needs (what automatic differentiation would store), and
 the backward loop walks the units from last to first applying the gradient
@@ -48,8 +48,8 @@ import logging
 import tensorflow as tf
 
 from keras_identity import _cpu_kernels
-from keras_identity.layers.fused_batch_normalization import biased_variance
 from keras_identity.layers.fused_batch_normalization import fused_batch_norm
+from keras_identity.layers.residual import _tf_batch_norm as tf_batch_norm
 from keras_identity.layers.residual.orderings import RELU
 
 # Gates have their gradient written out (GateAddition).
@@ -135,81 +135,6 @@ def _conv(x, kernel, bias, parts=1, summand=None):
     return _conv_part(x, kernel, bias, summand)
 
 
-def affine_batch_norm():
-    """Whether the loop's BN normalises as a per-channel affine map (a 1x1
-    depthwise convolution with BN's scale as its kernel and its shift as its
-    bias, the ReLU after it fused by Grappler) instead of ``FusedBatchNormV3``,
-    in training taking the batch moments from two matrix products: on a CPU
-    whose oneDNN kernels stop below AVX-512
-    (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2
-    class, or ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
-
-    oneDNN's batch normalisation for channels-last maps on AVX2
-    (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
-    3-5x its AVX-512 kernel's time on the same core: 3,867 against 1,243 µs
-    for a 16x32x32x64 training BN on one thread, where PyTorch's BN takes
-    1,385 µs and the products and the depthwise convolution 1,142 µs with the
-    ReLU; its inference kernel is as slow (docs/performance.md, "The AVX2
-    class").  The gradient stays ``FusedBatchNormGradV3``, which reads the
-    batch mean and biased variance as its reserves.  The moments are
-    ``E[x^2] - E[x]^2`` (as Keras's JAX backend computes them), accumulated
-    in float32 over the batch; like any form of BN that shifts after
-    scaling, it loses digits where a channel's mean is thousands of its
-    standard deviations.  A SavedModel exported from such a process carries
-    the depthwise form (Eigen's CPU kernels run it 12-14% slower than their
-    BN at inference); ``keras-identity-export`` runs TensorFlow's own kernel
-    choice, Eigen's on most AVX2 CPUs, and there writes ``FusedBatchNormV3``.
-    """
-    return (bool(_cpu_kernels.onednn_enabled()) and _cpu_kernels.onednn_below_avx512()
-            and not tf.config.list_physical_devices("GPU"))
-
-
-def _affine_bn_for(inputs):
-    """:func:`affine_batch_norm` for a loop over ``inputs``: float32 maps
-    only (mixed precision keeps the fused op)."""
-    return inputs.dtype == tf.float32 and affine_batch_norm()
-
-
-def _batch_norm(x, gamma, beta, epsilon, affine=False, relu=False):
-    """Training-mode BN: output (after the ReLU where ``relu``), (mean,
-    biased variance), reserves for ``FusedBatchNormGradV3``.  ``affine``:
-    see :func:`affine_batch_norm`."""
-    if affine:
-        return _affine_batch_norm(x, gamma, beta, epsilon, relu)
-    empty = tf.constant([], tf.float32)
-    y, mean, variance, reserve1, reserve2, reserve3 = tf.raw_ops.FusedBatchNormV3(
-        x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,
-        exponential_avg_factor=1.0, data_format="NHWC", is_training=True)
-    return (tf.nn.relu(y) if relu else y), (mean, biased_variance(x, variance)), (
-        reserve1, reserve2, reserve3)
-
-
-def _affine_batch_norm(x, gamma, beta, epsilon, relu):
-    """:func:`_batch_norm` as :func:`affine_batch_norm` says: the reserves
-    are the batch mean and biased variance, as oneDNN's own (and reserve 3
-    empty).  Whole, not split along the batch as the convolutions are:
-    measured at ResNet-1001, batch 16, that was 4% slower (docs/performance.md)."""
-    channels = x.shape[-1]
-    rows = tf.reshape(x, [-1, channels])
-    count = tf.shape(rows)[0]
-    ones = tf.ones(tf.stack([1, count]), rows.dtype)
-    mean = tf.matmul(ones, rows)[0] / tf.cast(count, tf.float32)
-    variance = tf.maximum(
-        tf.matmul(ones, rows * rows)[0] / tf.cast(count, tf.float32) - tf.square(mean), 0.0)
-    y = _affine(x, gamma, beta, mean, variance, epsilon, relu)
-    return y, (mean, variance), (mean, variance, tf.zeros([0], tf.float32))
-
-
-def _affine(x, gamma, beta, mean, variance, epsilon, relu):
-    """BN of ``x`` with the given moments (and the ReLU after it) as one 1x1
-    depthwise convolution with a bias, which Grappler fuses with the ReLU."""
-    scale = gamma * tf.math.rsqrt(variance + epsilon)
-    y = tf.nn.bias_add(tf.nn.depthwise_conv2d(
-        x, tf.reshape(scale, [1, 1, x.shape[-1], 1]), [1, 1, 1, 1], "VALID"),
-        beta - mean * scale)
-    return tf.nn.relu(y) if relu else y
-
-
 def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gate=False):
     """Where each step keeps the tensors its gradient needs.
 
@@ -283,8 +208,8 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     (``x``'s channels and dtype) through which a convolution followed by the
     identity shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
     ``affine_bn``: BN (in training and at inference) as
-    :func:`affine_batch_norm` says, for float32 maps (see
-    :func:`_affine_bn_for`).
+    :func:`~._tf_batch_norm.affine_batch_norm` says, for float32 maps (see
+    :func:`~._tf_batch_norm.for_loop`).
     """
     saved, moments, added_moments = {}, [], []
     t = x
@@ -304,12 +229,12 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
             # The depthwise form applies the ReLU after it (fused by Grappler).
             rectified = affine_bn and program[k + 1:k + 2] == [RELU]
             if not training:
-                t = (_affine(t, *bns[step[1]], epsilon, rectified) if affine_bn
+                t = (tf_batch_norm.affine(t, *bns[step[1]], epsilon, rectified) if affine_bn
                      else fused_batch_norm(t, *bns[step[1]], epsilon, False)[0])
                 continue
             gamma, beta = bns[step[1]]
             saved[slot[0]] = t
-            t, m, reserves = _batch_norm(t, gamma, beta, epsilon, affine_bn, rectified)
+            t, m, reserves = tf_batch_norm.train(t, gamma, beta, epsilon, affine_bn, rectified)
             saved.update(zip(slot[1:], reserves + m))
             moments.append(m)
         elif step[0] == "relu":
@@ -333,13 +258,13 @@ def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after, affine_bn=
     batch moments, not before ``after`` (the gradient reaching this point)
     exists: otherwise the backward loop could recompute several units ahead
     (parallel iterations) and hold what ``"bn_relu"`` saved.  ``affine_bn``:
-    as :func:`affine_batch_norm` says."""
+    as :func:`~._tf_batch_norm.affine_batch_norm` says."""
     bn_slot, i = slots[k - 1], program[k - 1][1]
     with tf.control_dependencies([after]):
         x = tf.identity(saved[bn_slot[0]])
     mean, variance = saved[bn_slot[4]], saved[bn_slot[5]]
     if affine_bn:
-        return _affine(x, *bns[i], mean, variance, epsilon, relu=True)
+        return tf_batch_norm.affine(x, *bns[i], mean, variance, epsilon, relu=True)
     y, _ = fused_batch_norm(x, *bns[i], mean, variance, epsilon, False)
     return tf.nn.relu(y)
 
@@ -534,7 +459,7 @@ def inference_loop(program, inputs, kernels, biases, bns, epsilon, addition=None
     slots, _ = saved_layout(program)
     stacked = _flatten(kernels, biases, bns) + (addition.weights if addition else [])
     weights = [_per_unit(w.dtype, num_units, w, w.shape[1:]) for w in stacked]
-    affine_bn = _affine_bn_for(inputs)
+    affine_bn = tf_batch_norm.for_loop(inputs)
 
     def body(j, x):
         unit = _Unit(weights, j, kernels, biases, bns, addition)
@@ -594,7 +519,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
     num_moments = len(bns) + (addition.num_moments if addition else 0)
     parts = conv_parts()
     fuse = fuse_addition()
-    affine_bn = _affine_bn_for(inputs)
+    affine_bn = tf_batch_norm.for_loop(inputs)
 
     @tf.custom_gradient
     def run(x, *stacked):

@@ -11,6 +11,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
+from keras_identity.layers.residual import _tf_batch_norm as loop_bn
 from keras_identity.layers.residual import _tf_loop as unit_loop
 from keras_identity.layers.residual import check_recompute
 from keras_identity.layers.residual.orderings import unit_program
@@ -141,7 +142,7 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, 
     # affine: BN as two matrix products and a depthwise convolution (the AVX2 class).
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
     monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
-    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: affine)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: affine)
     rng = np.random.default_rng(0)
     num_units, num_layers = 3, 2
     program = unit_program("full_preactivation", num_layers)
@@ -193,7 +194,7 @@ def test_training_graph_keeps_only_the_saved_layout(recompute, monkeypatch):
     # graph's size does not depend on the number of units.
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(0)
-    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: False)  # on any CPU class
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: False)  # on any CPU class
 
     def op_types(num_units):
         units = [_unit_weights(program, 3, 4, False, rng) for _ in range(num_units)]
@@ -257,15 +258,15 @@ def test_a_convolution_that_adds_the_shortcut_is_the_convolution_plus_the_shortc
             np.testing.assert_allclose(fused(x, shortcut), expected, rtol=1e-5, atol=1e-5)
 
 
-def _onednn_log_of_a_step(choice, **env):
-    """``(_tf_loop.<choice>(), oneDNN's log of the second training step)`` of
+def _onednn_log_of_a_step(module, choice, **env):
+    """``(<module>.<choice>(), oneDNN's log of the second training step)`` of
     a looped bottleneck ResNet-29 at batch 4, in a fresh process with oneDNN's
     kernels and its log on (and ``env``)."""
     probe = (
         "import numpy as np, keras, tensorflow as tf\n"
         "import keras_identity as ki\n"
-        "from keras_identity.layers.residual import _tf_loop\n"
-        f"print('CHOICE', _tf_loop.{choice}(), flush=True)\n"
+        f"from keras_identity.layers.residual import {module}\n"
+        f"print('CHOICE', {module}.{choice}(), flush=True)\n"
         "model = ki.models.preact_resnet(29, block='bottleneck', stage_mode='scan')\n"
         "model.compile(keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
         "x, y = np.random.rand(4, 32, 32, 3).astype('float32'), np.arange(4)\n"
@@ -287,7 +288,7 @@ def test_onednn_runs_the_shortcut_addition_inside_the_convolution():
     # CPUs) and its log on: each identity unit's last convolution of a
     # training step carries oneDNN's sum post-op (Grappler fused the zero
     # bias and the addition into it), the others do not.
-    fusing, step = _onednn_log_of_a_step("fuse_addition")
+    fusing, step = _onednn_log_of_a_step("_tf_loop", "fuse_addition")
     if not fusing:
         pytest.skip("TensorFlow runs Eigen's kernels here (no oneDNN)")
     convs = [line for line in step.splitlines()
@@ -357,7 +358,7 @@ def test_affine_batch_norm_changes_no_ordering(unit, parts):
 
 @pytest.mark.parametrize("affine", [False, True])
 def test_the_inference_loop_is_the_units_with_moving_statistics(affine, monkeypatch):
-    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: affine)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: affine)
     rng = np.random.default_rng(5)
     num_units, num_layers = 3, 3
     program = unit_program("full_preactivation", num_layers)
@@ -385,7 +386,7 @@ def test_the_affine_form_replaces_the_fused_op_in_float32_only(dtype, monkeypatc
     # pre-activation bottleneck unit, plus three recomputed with bn_relu),
     # no FusedBatchNormV3; the gradient still FusedBatchNormGradV3.  In
     # bfloat16 the fused op stays (forward and recomputed).
-    monkeypatch.setattr(unit_loop, "affine_batch_norm", lambda: True)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: True)
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(6)
     units = [_unit_weights(program, 3, 4, False, rng) for _ in range(2)]
@@ -427,12 +428,12 @@ def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch
 
     monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: True)
     monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: True)
-    assert unit_loop.affine_batch_norm() is not bool(tf.config.list_physical_devices("GPU"))
+    assert loop_bn.affine_batch_norm() is not bool(tf.config.list_physical_devices("GPU"))
     monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: False)
-    assert not unit_loop.affine_batch_norm()
+    assert not loop_bn.affine_batch_norm()
     monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: True)
     monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: False)
-    assert not unit_loop.affine_batch_norm()
+    assert not loop_bn.affine_batch_norm()
 
 
 def test_onednn_below_avx512_runs_bn_as_a_depthwise_convolution_with_its_relu():
@@ -440,7 +441,7 @@ def test_onednn_below_avx512_runs_bn_as_a_depthwise_convolution_with_its_relu():
     # kernels): a training step's forward BNs run as depthwise convolutions
     # carrying the ReLU after them (Grappler fused it), none as oneDNN's BN;
     # the backward BNs stay oneDNN's.
-    affine, step = _onednn_log_of_a_step("affine_batch_norm", ONEDNN_MAX_CPU_ISA="AVX2")
+    affine, step = _onednn_log_of_a_step("_tf_batch_norm", "affine_batch_norm", ONEDNN_MAX_CPU_ISA="AVX2")
     if not affine:
         pytest.skip("TensorFlow runs Eigen's kernels here, or a CPU without x86 AVX2")
     lines = step.splitlines()

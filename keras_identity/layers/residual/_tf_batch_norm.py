@@ -1,0 +1,85 @@
+"""Batch normalisation of the looped units (TensorFlow), private to
+:mod:`._tf_loop`: training-mode BN with the reserves its written gradient
+(``FusedBatchNormGradV3``) reads, by TensorFlow's fused op or, where
+oneDNN's BN is slow (:func:`affine_batch_norm`), as a depthwise convolution.
+"""
+
+import tensorflow as tf
+
+from keras_identity import _cpu_kernels
+from keras_identity.layers.fused_batch_normalization import biased_variance
+
+
+def affine_batch_norm():
+    """Whether the loop's BN normalises as a per-channel affine map (a 1x1
+    depthwise convolution with BN's scale as its kernel and its shift as its
+    bias, the ReLU after it fused by Grappler) instead of ``FusedBatchNormV3``,
+    in training taking the batch moments from two matrix products: on a CPU
+    whose oneDNN kernels stop below AVX-512
+    (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2
+    class, or ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
+
+    oneDNN's batch normalisation for channels-last maps on AVX2
+    (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
+    3-5x its AVX-512 kernel's time on the same core: 3,867 against 1,243 µs
+    for a 16x32x32x64 training BN on one thread, where PyTorch's BN takes
+    1,385 µs and the products and the depthwise convolution 1,142 µs with the
+    ReLU; its inference kernel is as slow (docs/performance.md, "The AVX2
+    class").  The gradient stays ``FusedBatchNormGradV3``, which reads the
+    batch mean and biased variance as its reserves.  The moments are
+    ``E[x^2] - E[x]^2`` (as Keras's JAX backend computes them), accumulated
+    in float32 over the batch; like any form of BN that shifts after
+    scaling, it loses digits where a channel's mean is thousands of its
+    standard deviations.  A SavedModel exported from such a process carries
+    the depthwise form (Eigen's CPU kernels run it 12-14% slower than their
+    BN at inference); ``keras-identity-export`` runs TensorFlow's own kernel
+    choice, Eigen's on most AVX2 CPUs, and there writes ``FusedBatchNormV3``.
+    """
+    return (bool(_cpu_kernels.onednn_enabled()) and _cpu_kernels.onednn_below_avx512()
+            and not tf.config.list_physical_devices("GPU"))
+
+
+def for_loop(inputs):
+    """:func:`affine_batch_norm` for a loop over ``inputs``: float32 maps
+    only (mixed precision keeps the fused op)."""
+    return inputs.dtype == tf.float32 and affine_batch_norm()
+
+
+def train(x, gamma, beta, epsilon, affine=False, relu=False):
+    """Training-mode BN: output (after the ReLU where ``relu``), (mean,
+    biased variance), reserves for ``FusedBatchNormGradV3``.  ``affine``:
+    see :func:`affine_batch_norm`."""
+    if affine:
+        return _affine_batch_norm(x, gamma, beta, epsilon, relu)
+    empty = tf.constant([], tf.float32)
+    y, mean, variance, reserve1, reserve2, reserve3 = tf.raw_ops.FusedBatchNormV3(
+        x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,
+        exponential_avg_factor=1.0, data_format="NHWC", is_training=True)
+    return (tf.nn.relu(y) if relu else y), (mean, biased_variance(x, variance)), (
+        reserve1, reserve2, reserve3)
+
+
+def _affine_batch_norm(x, gamma, beta, epsilon, relu):
+    """:func:`train` as :func:`affine_batch_norm` says: the reserves
+    are the batch mean and biased variance, as oneDNN's own (and reserve 3
+    empty).  Whole, not split along the batch as the convolutions are:
+    measured at ResNet-1001, batch 16, that was 4% slower (docs/performance.md)."""
+    channels = x.shape[-1]
+    rows = tf.reshape(x, [-1, channels])
+    count = tf.shape(rows)[0]
+    ones = tf.ones(tf.stack([1, count]), rows.dtype)
+    mean = tf.matmul(ones, rows)[0] / tf.cast(count, tf.float32)
+    variance = tf.maximum(
+        tf.matmul(ones, rows * rows)[0] / tf.cast(count, tf.float32) - tf.square(mean), 0.0)
+    y = affine(x, gamma, beta, mean, variance, epsilon, relu)
+    return y, (mean, variance), (mean, variance, tf.zeros([0], tf.float32))
+
+
+def affine(x, gamma, beta, mean, variance, epsilon, relu):
+    """BN of ``x`` with the given moments (and the ReLU after it) as one 1x1
+    depthwise convolution with a bias, which Grappler fuses with the ReLU."""
+    scale = gamma * tf.math.rsqrt(variance + epsilon)
+    y = tf.nn.bias_add(tf.nn.depthwise_conv2d(
+        x, tf.reshape(scale, [1, 1, x.shape[-1], 1]), [1, 1, 1, 1], "VALID"),
+        beta - mean * scale)
+    return tf.nn.relu(y) if relu else y
