@@ -45,34 +45,76 @@ def for_loop(inputs):
     return inputs.dtype == tf.float32 and affine_batch_norm()
 
 
-def train(x, gamma, beta, epsilon, affine=False, relu=False):
-    """Training-mode BN: output (after the ReLU where ``relu``), (mean,
-    biased variance), reserves for ``FusedBatchNormGradV3``.  ``affine``:
-    see :func:`affine_batch_norm`."""
+def train(xs, gamma, beta, epsilon, affine=False, relu=False):
+    """Training-mode BN of a map given as a list of its parts along the
+    batch (one part: the whole map): the output parts (after the ReLU where
+    ``relu``), (mean, biased variance) over all parts, and the reserves for
+    ``FusedBatchNormGradV3``.  ``affine``: see :func:`affine_batch_norm`;
+    several parts need it."""
     if affine:
-        return _affine_batch_norm(x, gamma, beta, epsilon, relu)
+        return _affine_batch_norm(xs, gamma, beta, epsilon, relu)
+    (x,) = xs
     empty = tf.constant([], tf.float32)
     y, mean, variance, reserve1, reserve2, reserve3 = tf.raw_ops.FusedBatchNormV3(
         x=x, scale=gamma, offset=beta, mean=empty, variance=empty, epsilon=epsilon,
         exponential_avg_factor=1.0, data_format="NHWC", is_training=True)
-    return (tf.nn.relu(y) if relu else y), (mean, biased_variance(x, variance)), (
+    return [tf.nn.relu(y) if relu else y], (mean, biased_variance(x, variance)), (
         reserve1, reserve2, reserve3)
 
 
-def _affine_batch_norm(x, gamma, beta, epsilon, relu):
+def _count(x):
+    """The number of values per channel of NHWC ``x``, float32."""
+    return tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32)
+
+
+def _affine_batch_norm(xs, gamma, beta, epsilon, relu):
     """:func:`train` as :func:`affine_batch_norm` says: the reserves
     are the batch mean and biased variance, as oneDNN's own (and reserve 3
-    empty).  Whole, not split along the batch as the convolutions are:
-    measured at ResNet-1001, batch 16, that was 4% slower (docs/performance.md)."""
-    channels = x.shape[-1]
-    rows = tf.reshape(x, [-1, channels])
-    count = tf.shape(rows)[0]
-    ones = tf.ones(tf.stack([1, count]), rows.dtype)
-    mean = tf.matmul(ones, rows)[0] / tf.cast(count, tf.float32)
-    variance = tf.maximum(
-        tf.matmul(ones, rows * rows)[0] / tf.cast(count, tf.float32) - tf.square(mean), 0.0)
-    y = affine(x, gamma, beta, mean, variance, epsilon, relu)
-    return y, (mean, variance), (mean, variance, tf.zeros([0], tf.float32))
+    empty).  Each part's sums are its own matrix products, so the parts of
+    a map split along the batch run at once."""
+    sums, squares = [], []
+    for x in xs:
+        rows = tf.reshape(x, [-1, x.shape[-1]])
+        ones = tf.ones(tf.stack([1, tf.shape(rows)[0]]), rows.dtype)
+        sums.append(tf.matmul(ones, rows)[0])
+        squares.append(tf.matmul(ones, rows * rows)[0])
+    count = tf.add_n([_count(x) for x in xs])
+    mean = tf.add_n(sums) / count
+    variance = tf.maximum(tf.add_n(squares) / count - tf.square(mean), 0.0)
+    ys = [affine(x, gamma, beta, mean, variance, epsilon, relu) for x in xs]
+    return ys, (mean, variance), (mean, variance, tf.zeros([0], tf.float32))
+
+
+def gradient(dys, xs, gamma, reserves, epsilon):
+    """The training-mode BN's gradient for maps given as lists of parts
+    along the batch: ``(dxs, dgamma, dbeta)``.
+
+    ``FusedBatchNormGradV3`` of a part centres its gradient on that part's
+    means of ``dy`` and ``dy * x̂``, where BN's gradient (Ioffe and Szegedy,
+    2015) centres it on the whole batch's; with ``m`` values per channel in
+    the batch and ``m_p`` in part ``p``, the difference is the per-channel
+    affine map of ``x``
+    ``γ σ⁻¹ ((Σ_p dy / m_p − Σ dy / m) + x̂ (Σ_p dy x̂ / m_p − Σ dy x̂ / m))``,
+    added here by a depthwise convolution (see :func:`affine`).  The sums
+    over a part are that op's ``dβ`` and ``dγ``."""
+    mean, variance, _ = reserves
+    outputs = [tf.raw_ops.FusedBatchNormGradV3(
+        y_backprop=dy, x=x, scale=gamma, reserve_space_1=reserves[0],
+        reserve_space_2=reserves[1], reserve_space_3=reserves[2], epsilon=epsilon,
+        data_format="NHWC", is_training=True)[:3] for dy, x in zip(dys, xs)]
+    dgamma = tf.add_n([o[1] for o in outputs])
+    dbeta = tf.add_n([o[2] for o in outputs])
+    if len(xs) == 1:
+        return [outputs[0][0]], dgamma, dbeta
+    count = tf.add_n([_count(x) for x in xs])
+    inverse_std = tf.math.rsqrt(variance + epsilon)
+    dxs = []
+    for (dx, part_dgamma, part_dbeta), x in zip(outputs, xs):
+        part = _count(x)
+        shift = gamma * inverse_std * (part_dbeta / part - dbeta / count)
+        slope = gamma * inverse_std * (part_dgamma / part - dgamma / count)
+        dxs.append(dx + affine(x, slope, shift, mean, variance, epsilon, False))
+    return dxs, dgamma, dbeta
 
 
 def affine(x, gamma, beta, mean, variance, epsilon, relu):

@@ -135,6 +135,57 @@ def _conv(x, kernel, bias, parts=1, summand=None):
     return _conv_part(x, kernel, bias, summand)
 
 
+def batch_parts(parts, affine_bn, addition):
+    """How many parts along the batch a training loop runs its units in:
+    ``parts`` (:func:`conv_parts`) where BN takes the affine form
+    (:func:`~._tf_batch_norm.affine_batch_norm`, whose batch moments are
+    sums over the parts) and the shortcut is the identity, else 1 (a whole
+    unit, its convolutions split in ``parts``).
+
+    With each operation on one thread, a whole unit's BN, ReLU, addition and
+    their gradients run one at a time, and a split convolution's parts are
+    concatenated before its BN: at ResNet-1001, batch 16, on the AVX2 class
+    (proxy) about a third of the two cores' time was idle and a tenth was
+    the concatenations.  Run in parts, every operation but BN's per-channel
+    sums runs on all parts at once (docs/performance.md, "The AVX2 class")."""
+    return parts if parts > 1 and affine_bn and addition is None else 1
+
+
+def _batch_split(x, parts, gradient=False):
+    """``x`` as a list of ``parts`` pieces along the batch, sizes differing by
+    at most one.  Below ``parts`` examples each piece is the whole batch
+    (no piece empty: oneDNN mis-shapes an empty batch's convolution); a
+    unit's BN moments over such copies are the batch's, so every copy runs
+    the batch's own unit; its gradient (``gradient``: ``x`` is the output's
+    gradient) goes to the first copy only, and :func:`_batch_join` sums the
+    copies' input gradients."""
+    if parts == 1:
+        return [x]
+    n = tf.shape(x)[0]
+    copies = n < parts
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pieces = []
+    for i in range(parts):
+        start = tf.where(copies, 0, bounds[i])
+        size = tf.where(copies, n, bounds[i + 1] - bounds[i])
+        piece = tf.slice(x, tf.stack([start, 0, 0, 0]), tf.stack([size, -1, -1, -1]))
+        piece.set_shape([None] + x.shape[1:])
+        if gradient and i:
+            piece = piece * tf.cast(tf.logical_not(copies), x.dtype)
+        pieces.append(piece)
+    return pieces
+
+
+def _batch_join(xs, n, gradient=False):
+    """The inverse of :func:`_batch_split` for a batch of ``n``: the output,
+    or (``gradient``) the input gradient, of the units run in parts."""
+    if len(xs) == 1:
+        return xs[0]
+    if gradient:
+        return tf.cond(n < len(xs), lambda: tf.add_n(xs), lambda: tf.concat(xs, axis=0))
+    return tf.concat(xs, axis=0)[:n]
+
+
 def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gate=False):
     """Where each step keeps the tensors its gradient needs.
 
@@ -197,91 +248,118 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
             parts=1, fused_addition=None, affine_bn=False):
     """One unit.
 
+    ``x`` is the unit's input, or a list of its parts along the batch (see
+    :func:`batch_parts`): each step then runs on every part, and BN takes
+    its batch moments over all of them (the affine form only).
     ``bns[i]`` is ``(gamma, beta)`` in training and ``(gamma, beta,
     moving_mean, moving_variance)`` at inference.  ``addition(x, f,
     training)`` returns the unit's sum of shortcut and F and the batch
-    moments of the shortcut's BN, if any (``None`` adds ``x + f``).  Returns
-    the output, the BN moments ``(mean, biased variance)`` in program order
-    then the addition's (training only) and ``{slot: tensor}``, the tensors
-    the backward pass reads.  ``parts``: the convolutions' split along the
-    batch (:func:`conv_parts`); ``fused_addition``: None, or the zero bias
-    (``x``'s channels and dtype) through which a convolution followed by the
-    identity shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
+    moments of the shortcut's BN, if any (``None`` adds ``x + f``; whole
+    inputs only).  Returns the output (in ``x``'s form), the BN moments
+    ``(mean, biased variance)`` in program order then the addition's
+    (training only) and ``{slot: tensor}``, the tensors the backward pass
+    reads (for parts, ``{slot: [tensor per part]}``, a statistic as a list
+    of one).  ``parts``: each convolution's split along the batch
+    (:func:`conv_parts`); ``fused_addition``: None, or the zero bias (``x``'s
+    channels and dtype) through which a convolution followed by the identity
+    shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
     ``affine_bn``: BN (in training and at inference) as
     :func:`~._tf_batch_norm.affine_batch_norm` says, for float32 maps (see
     :func:`~._tf_batch_norm.for_loop`).
     """
+    whole = not isinstance(x, (list, tuple))
+    xs = [x] if whole else list(x)
+    ts, moments, saved = _forward(program, slots, xs, kernels, biases, bns, epsilon, training,
+                                  addition, parts, fused_addition, affine_bn)
+    if whole:
+        return ts[0], moments, {i: t[0] for i, t in saved.items()}
+    return ts, moments, saved
+
+
+def _forward(program, slots, xs, kernels, biases, bns, epsilon, training, addition, parts,
+             fused_addition, affine_bn):
+    """:func:`forward` on a list of parts; ``saved`` maps slots to lists."""
     saved, moments, added_moments = {}, [], []
-    t = x
+    ts = xs
     added = rectified = False
     for k, (step, slot) in enumerate(zip(program, slots)):
         if added:  # the addition, done by the convolution before it
             added = False
             continue
         if step[0] == "conv":
-            saved[slot[0]] = t
+            saved[slot[0]] = ts
             added = (fused_addition is not None and training and addition is None
                      and k + 1 < len(program) and program[k + 1][0] == "add"
                      and not slots[k + 1])
-            t = _conv(t, kernels[step[1]], biases[step[1]], parts,
-                      (x, fused_addition) if added else None)
+            ts = [_conv(t, kernels[step[1]], biases[step[1]], parts,
+                        (x, fused_addition) if added else None) for t, x in zip(ts, xs)]
         elif step[0] == "bn":
             # The depthwise form applies the ReLU after it (fused by Grappler).
             rectified = affine_bn and program[k + 1:k + 2] == [RELU]
             if not training:
-                t = (tf_batch_norm.affine(t, *bns[step[1]], epsilon, rectified) if affine_bn
-                     else fused_batch_norm(t, *bns[step[1]], epsilon, False)[0])
+                ts = [tf_batch_norm.affine(t, *bns[step[1]], epsilon, rectified) if affine_bn
+                      else fused_batch_norm(t, *bns[step[1]], epsilon, False)[0] for t in ts]
                 continue
             gamma, beta = bns[step[1]]
-            saved[slot[0]] = t
-            t, m, reserves = tf_batch_norm.train(t, gamma, beta, epsilon, affine_bn, rectified)
-            saved.update(zip(slot[1:], reserves + m))
+            saved[slot[0]] = ts
+            ts, m, reserves = tf_batch_norm.train(ts, gamma, beta, epsilon, affine_bn,
+                                                  rectified)
+            saved.update(zip(slot[1:], [[r] for r in reserves + m]))
             moments.append(m)
         elif step[0] == "relu":
             if not rectified:  # else the BN before it applied it
-                t = tf.nn.relu(t)
+                ts = [tf.nn.relu(t) for t in ts]
             rectified = False
-            saved[slot[0]] = t
+            saved[slot[0]] = ts
         else:
             if slot:
-                saved[slot[0]], saved[slot[1]] = x, t
+                saved[slot[0]], saved[slot[1]] = xs, ts
             if addition is None:
-                t = x + t
+                ts = [x + t for x, t in zip(xs, ts)]
             else:
+                (x,), (t,) = xs, ts
                 t, added_moments, kept = addition(x, t, training)
-                saved.update(zip(slot[2:], kept))
-    return t, moments + list(added_moments), saved
+                ts = [t]
+                saved.update(zip(slot[2:], [[g] for g in kept]))
+    return ts, moments + list(added_moments), saved
 
 
 def _recompute_bn_relu(program, slots, saved, k, bns, epsilon, after, affine_bn=False):
-    """``relu(BN(x))`` of the ReLU at step ``k`` from its BN's kept input and
-    batch moments, not before ``after`` (the gradient reaching this point)
-    exists: otherwise the backward loop could recompute several units ahead
-    (parallel iterations) and hold what ``"bn_relu"`` saved.  ``affine_bn``:
-    as :func:`~._tf_batch_norm.affine_batch_norm` says."""
+    """``relu(BN(x))`` of the ReLU at step ``k`` (a list of parts) from its
+    BN's kept input and batch moments, not before ``after`` (the gradient
+    reaching this point, a list) exists: otherwise the backward loop could
+    recompute several units ahead (parallel iterations) and hold what
+    ``"bn_relu"`` saved.  ``affine_bn``: as
+    :func:`~._tf_batch_norm.affine_batch_norm` says."""
     bn_slot, i = slots[k - 1], program[k - 1][1]
-    with tf.control_dependencies([after]):
-        x = tf.identity(saved[bn_slot[0]])
-    mean, variance = saved[bn_slot[4]], saved[bn_slot[5]]
+    with tf.control_dependencies(after):
+        xs = [tf.identity(x) for x in saved[bn_slot[0]]]
+    (mean,), (variance,) = saved[bn_slot[4]], saved[bn_slot[5]]
     if affine_bn:
-        return tf_batch_norm.affine(x, *bns[i], mean, variance, epsilon, relu=True)
-    y, _ = fused_batch_norm(x, *bns[i], mean, variance, epsilon, False)
-    return tf.nn.relu(y)
+        return [tf_batch_norm.affine(x, *bns[i], mean, variance, epsilon, relu=True)
+                for x in xs]
+    return [tf.nn.relu(fused_batch_norm(x, *bns[i], mean, variance, epsilon, False)[0])
+            for x in xs]
 
 
 def backward(program, slots, saved, grad, kernels, biases, bns, epsilon,
              addition_vjp=None, affine_bn=False):
     """Gradients of one unit from its saved tensors (see :func:`forward`).
 
+    ``grad`` is the gradient of the unit's output, or a list of its parts
+    along the batch with ``saved`` as :func:`forward` returns it for parts.
     A ``"recomputed"`` slot missing from ``saved`` is computed again from its
     BN's input and moments when the backward pass first reads it.
     ``addition_vjp(dy, *kept)`` returns the gradients of the addition with
     respect to the unit input, F's output and the addition's weights from
     the tensors its slots keep (none, or the unit input and F's output, and
-    a gate's output).  Returns ``(dx,
-    dkernels, dbiases, dbns, daddition)`` with ``dbns[i] = (dgamma, dbeta)``,
-    lists indexed like the weights.
+    a gate's output; whole gradients only).  Returns ``(dx, dkernels,
+    dbiases, dbns, daddition)`` with ``dx`` in ``grad``'s form and
+    ``dbns[i] = (dgamma, dbeta)``, lists indexed like the weights.
     """
+    whole = not isinstance(grad, (list, tuple))
+    if whole:
+        grad, saved = [grad], {i: [t] for i, t in saved.items()}
     saved = dict(saved)
     made_by = {slot[0]: k for k, (step, slot) in enumerate(zip(program, slots))
                if step == RELU}
@@ -301,29 +379,30 @@ def backward(program, slots, saved, grad, kernels, biases, bns, epsilon,
             i = step[1]
             inputs = read(slot[0], grad)
             if biases[i] is not None:
-                dbiases[i] = tf.reduce_sum(grad, axis=(0, 1, 2))
-            dkernels[i] = tf.raw_ops.Conv2DBackpropFilter(
-                input=inputs, filter_sizes=tf.shape(kernels[i]), out_backprop=grad,
-                strides=[1, 1, 1, 1], padding="SAME")
-            grad = tf.raw_ops.Conv2DBackpropInput(
-                input_sizes=tf.shape(inputs), filter=kernels[i], out_backprop=grad,
-                strides=[1, 1, 1, 1], padding="SAME")
+                dbiases[i] = tf.add_n([tf.reduce_sum(g, axis=(0, 1, 2)) for g in grad])
+            dkernels[i] = tf.add_n([tf.raw_ops.Conv2DBackpropFilter(
+                input=x, filter_sizes=tf.shape(kernels[i]), out_backprop=g,
+                strides=[1, 1, 1, 1], padding="SAME") for x, g in zip(inputs, grad)])
+            grad = [tf.raw_ops.Conv2DBackpropInput(
+                input_sizes=tf.shape(x), filter=kernels[i], out_backprop=g,
+                strides=[1, 1, 1, 1], padding="SAME") for x, g in zip(inputs, grad)]
         elif step[0] == "bn":
             i = step[1]
-            inputs, reserve1, reserve2, reserve3 = (saved[k] for k in slot[:4])
-            grad, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
-                y_backprop=grad, x=inputs, scale=bns[i][0], reserve_space_1=reserve1,
-                reserve_space_2=reserve2, reserve_space_3=reserve3, epsilon=epsilon,
-                data_format="NHWC", is_training=True)
+            reserves = [saved[k][0] for k in slot[1:4]]
+            grad, dgamma, dbeta = tf_batch_norm.gradient(grad, saved[slot[0]], bns[i][0],
+                                                         reserves, epsilon)
             dbns[i] = (dgamma, dbeta)
         elif step[0] == "relu":
-            grad = tf.raw_ops.ReluGrad(gradients=grad, features=read(slot[0], grad))
+            grad = [tf.raw_ops.ReluGrad(gradients=g, features=f)
+                    for g, f in zip(grad, read(slot[0], grad))]
         elif addition_vjp is None:
             shortcut_grad = grad
         else:
-            shortcut_grad, grad, daddition = addition_vjp(
-                grad, *[read(index, grad) for index in slot])
-    return grad + shortcut_grad, dkernels, dbiases, dbns, daddition
+            dx, df, daddition = addition_vjp(
+                grad[0], *[read(index, grad)[0] for index in slot])
+            shortcut_grad, grad = [dx], [df]
+    dx = [g + s for g, s in zip(grad, shortcut_grad)]
+    return (dx[0] if whole else dx), dkernels, dbiases, dbns, daddition
 
 
 def _empty_stack(dtype, capacity):
@@ -520,6 +599,9 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
     parts = conv_parts()
     fuse = fuse_addition()
     affine_bn = tf_batch_norm.for_loop(inputs)
+    split = batch_parts(parts, affine_bn, addition)
+    if split > 1:  # each convolution of a part whole
+        parts = 1
 
     @tf.custom_gradient
     def run(x, *stacked):
@@ -528,60 +610,66 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
         zero_bias = tf.zeros(x.shape[-1:], x.dtype) if fuse else None
         # The tensors for the backward pass go on stacks that the backward
         # loop pops, freeing each unit's tensors once it is differentiated
-        # (as TensorFlow's own while-loop gradient does).
-        dtypes = [x.dtype] if whole_units else [
-            x.dtype if kinds[i] == "features" else tf.float32 for i in kept_slots]
+        # (as TensorFlow's own while-loop gradient does); a feature map
+        # kept in parts takes one stack per part.
+        kept_kinds = ["features"] if whole_units else [kinds[i] for i in kept_slots]
+        dtypes = [x.dtype if kind == "features" else tf.float32
+                  for kind in kept_kinds for _ in range(split if kind == "features" else 1)]
         store = tuple(_empty_stack(dtype, num_units) for dtype in dtypes)
         shapes = {}
         stats = tuple(_per_unit(tf.float32, num_units) for _ in range(2 * num_moments))
 
-        def body(j, x, store, stats):
+        def body(j, xs, store, stats):
             unit = _Unit(weights, j, kernels, biases, bns, addition)
-            y, moments, saved = unit.forward(program, slots, x, epsilon, parts=parts,
-                                             fused_addition=zero_bias, affine_bn=affine_bn)
-            kept = [x] if whole_units else [saved[i] for i in kept_slots]
+            ys, moments, saved = unit.forward(program, slots, xs, epsilon, parts=parts,
+                                              fused_addition=zero_bias, affine_bn=affine_bn)
+            kept = list(xs) if whole_units else [t for i in kept_slots for t in saved[i]]
             shapes.update(enumerate(t.shape for t in kept))
             store = tuple(tf.raw_ops.TensorListPushBack(input_handle=s, tensor=t)
                           for s, t in zip(store, kept))
             moments = [m for pair in moments for m in pair]
             stats = tuple(a.write(j, m) for a, m in zip(stats, moments))
-            return j + 1, y, store, stats
+            return j + 1, ys, store, stats
 
-        _, y, store, stats = tf.while_loop(
-            lambda j, *_: j < num_units, body, (tf.constant(0), x, store, stats),
+        _, ys, store, stats = tf.while_loop(
+            lambda j, *_: j < num_units, body,
+            (tf.constant(0), _batch_split(x, split), store, stats),
             maximum_iterations=num_units)
 
         def grad(dy, *unused_stat_grads):
             grads = tuple(_per_unit(w.dtype, num_units, shape=w.shape[1:]) for w in stacked)
 
-            def back(k, g, store, grads):
+            def back(k, gs, store, grads):
                 j = num_units - 1 - k
                 popped = [_pop(s, dtype, shapes[i])
                           for i, (s, dtype) in enumerate(zip(store, dtypes))]
                 store = tuple(s for s, _ in popped)
-                kept = [t for _, t in popped]
+                kept = iter(t for _, t in popped)
                 unit = _Unit(weights, j, kernels, biases, bns, addition)
                 if whole_units:
                     # Not before the unit's gradient arrives: otherwise the
                     # loop would run several units' forward passes ahead
                     # (parallel iterations) and hold their activations.
-                    with tf.control_dependencies([g]):
-                        unit_input = tf.identity(kept[0])
+                    with tf.control_dependencies(gs):
+                        unit_input = [tf.identity(t) for t in kept]
                     _, _, saved = unit.forward(program, slots, unit_input, epsilon,
-                                               affine_bn=affine_bn)
+                                               parts=parts, affine_bn=affine_bn)
                 else:
-                    saved = dict(zip(kept_slots, kept))
-                dx, dkernels, dbiases, dbns, dadd = unit.backward(program, slots, saved, g,
-                                                                  epsilon, affine_bn)
+                    saved = {i: [next(kept) for _ in range(
+                        split if kinds[i] == "features" else 1)] for i in kept_slots}
+                dxs, dkernels, dbiases, dbns, dadd = unit.backward(
+                    program, slots, saved, gs, epsilon, affine_bn)
                 flat = _flatten(dkernels, dbiases, dbns) + list(dadd)
-                return k + 1, dx, store, tuple(a.write(j, d) for a, d in zip(grads, flat))
+                return k + 1, dxs, store, tuple(a.write(j, d) for a, d in zip(grads, flat))
 
-            _, dx, _, grads = tf.while_loop(
-                lambda k, *_: k < num_units, back, (tf.constant(0), dy, store, grads),
+            _, dxs, _, grads = tf.while_loop(
+                lambda k, *_: k < num_units, back,
+                (tf.constant(0), _batch_split(dy, split, gradient=True), store, grads),
                 maximum_iterations=num_units)
-            return (dx, *[a.stack() for a in grads])
+            return (_batch_join(dxs, tf.shape(dy)[0], gradient=True),
+                    *[a.stack() for a in grads])
 
-        return (y, *[a.stack() for a in stats]), grad
+        return (_batch_join(ys, tf.shape(x)[0]), *[a.stack() for a in stats]), grad
 
     # Tensors, not variables: the custom gradient is with respect to its inputs.
     stacked = [tf.convert_to_tensor(w) for w in _flatten(kernels, biases, bns)]

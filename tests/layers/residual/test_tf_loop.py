@@ -129,17 +129,23 @@ def test_backward_equals_automatic_differentiation(unit, num_layers, recompute):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=f"source {index}")
 
 
-@pytest.mark.parametrize("recompute, parts, fused, affine", [
-    ("none", 1, False, False), ("bn_relu", 1, False, False), ("unit", 1, False, False),
-    ("none", 3, False, False), ("bn_relu", 2, False, False), ("none", 1, True, False),
-    ("none", 2, True, False), ("unit", 3, True, False), ("none", 1, False, True),
-    ("bn_relu", 2, True, True), ("unit", 2, True, True), ("none", 3, True, True)])
+@pytest.mark.parametrize("recompute, parts, fused, affine, batch", [
+    ("none", 1, False, False, 2), ("bn_relu", 1, False, False, 2), ("unit", 1, False, False, 2),
+    ("none", 3, False, False, 2), ("bn_relu", 2, False, False, 2), ("none", 1, True, False, 2),
+    ("none", 2, True, False, 2), ("unit", 3, True, False, 2), ("none", 1, False, True, 2),
+    ("bn_relu", 2, True, True, 2), ("unit", 2, True, True, 2), ("none", 3, True, True, 2),
+    ("none", 2, True, True, 5), ("bn_relu", 3, False, True, 7), ("unit", 2, False, True, 1)])
 def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, parts, fused,
-                                                                      affine, monkeypatch):
+                                                                      affine, batch,
+                                                                      monkeypatch):
     # parts > 1: the forward convolutions split along the batch, as with one
     # thread per operation (batch 2 in 3 parts: fewer examples than parts, whole).
     # fused: the last convolution adds the shortcut (oneDNN's fused sum).
-    # affine: BN as two matrix products and a depthwise convolution (the AVX2 class).
+    # affine: BN as two matrix products and a depthwise convolution (the AVX2
+    # class); with parts > 1 the units run in parts along the batch, BN's
+    # moments and gradient over all of them (batch 5 in 2 parts and 7 in 3:
+    # unequal parts; fewer examples than parts: copies of the batch).
+    assert unit_loop.batch_parts(parts, affine, None) == (parts if affine else 1)
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
     monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
     monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: affine)
@@ -151,8 +157,8 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, 
     kernels = [tf.stack([u[0][i] for u in units]) for i in range(num_layers)]
     gammas = [tf.stack([u[2][i][0] for u in units]) for i in range(num_layers)]
     betas = [tf.stack([u[2][i][1] for u in units]) for i in range(num_layers)]
-    x = tf.constant(rng.normal(size=(2, 5, 5, 4)), tf.float32)
-    upstream = tf.constant(rng.normal(size=(2, 5, 5, 4)), tf.float32)
+    x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
     sources = [x] + kernels + gammas + betas
 
     with tf.GradientTape() as tape:
@@ -421,6 +427,60 @@ def test_the_affine_form_replaces_the_fused_op_in_float32_only(dtype, monkeypatc
     assert training.count("FusedBatchNormV3") == (0 if affine else 6)
     assert inference.count("DepthwiseConv2dNative") == (3 if affine else 0)
     assert ("FusedBatchNormV3" in inference) is not affine
+
+
+def test_units_run_in_parts_along_the_batch_with_the_affine_form(monkeypatch):
+    # One operation per thread, two at once, and the affine form: the
+    # identity units run in two parts along the batch from the loop's input
+    # to its output.  Per pre-activation bottleneck unit: each convolution
+    # and its two gradients twice, each BN's gradient twice (with its
+    # depthwise correction), the feature maps kept per part (6 x 2 + 9 BN
+    # statistics) and no concatenation but the loop's output and input
+    # gradient.  Otherwise (oneDNN's BN, or a shortcut with weights) whole
+    # units, their convolutions split.
+    assert unit_loop.batch_parts(2, False, None) == 1
+    assert unit_loop.batch_parts(2, True, object()) == 1
+    assert unit_loop.batch_parts(1, True, None) == 1
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: True)
+    monkeypatch.setattr(unit_loop, "conv_parts", lambda: 2)
+    program = unit_program("full_preactivation", 3)
+    rng = np.random.default_rng(7)
+    units = [_unit_weights(program, 3, 4, False, rng) for _ in range(2)]
+    kernels = [tf.stack([u[0][i] for u in units]) for i in range(3)]
+    bns = [(tf.stack([u[2][i][0] for u in units]), tf.stack([u[2][i][1] for u in units]))
+           for i in range(3)]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(kernels)
+            y, _ = unit_loop.train_loop(program, x, kernels, [None] * 3, bns, 1e-5)
+            loss = tf.reduce_sum(y)
+        return tape.gradient(loss, kernels)
+
+    graph_def = step.get_concrete_function(tf.TensorSpec((None, 5, 5, 4))).graph.as_graph_def()
+    ops = [node.op for node in graph_def.node]
+    for function in graph_def.library.function:
+        ops.extend(node.op for node in function.node_def)
+    assert ops.count("Conv2D") == 6
+    assert ops.count("Conv2DBackpropFilter") == ops.count("Conv2DBackpropInput") == 6
+    assert ops.count("FusedBatchNormGradV3") == 6
+    assert ops.count("DepthwiseConv2dNative") == 12
+    assert ops.count("TensorListPushBack") == ops.count("TensorListPopBack") == 21
+    assert ops.count("ConcatV2") == 2
+    # In graph mode, with a batch of 5 (unequal parts) and of 1 (copies).
+    for batch in (5, 1):
+        x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
+        with tf.GradientTape() as tape:
+            tape.watch([x] + kernels)
+            t = x
+            for j in range(2):
+                t, _, _ = unit_loop.forward(program, unit_loop.saved_layout(program)[0], t,
+                                            [k[j] for k in kernels], [None] * 3,
+                                            [(g[j], b[j]) for g, b in bns], 1e-5)
+            loss = tf.reduce_sum(t)
+        for got, expected in zip(step(x), tape.gradient(loss, kernels)):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch):
