@@ -10,14 +10,19 @@ from keras_identity import _cpu_kernels
 from keras_identity.layers.fused_batch_normalization import biased_variance
 
 
-def affine_batch_norm():
+def affine_batch_norm(in_parts=False):
     """Whether the loop's BN normalises as a per-channel affine map (a 1x1
     depthwise convolution with BN's scale as its kernel and its shift as its
     bias, the ReLU after it fused by Grappler) instead of ``FusedBatchNormV3``,
     in training taking the batch moments from two matrix products: on a CPU
     whose oneDNN kernels stop below AVX-512
     (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2
-    class, or ``ONEDNN_MAX_CPU_ISA`` capped there), in float32.
+    class, or ``ONEDNN_MAX_CPU_ISA`` capped there), and, with ``in_parts``
+    (a training loop whose units can run in parts along the batch:
+    :func:`._tf_loop.batch_parts`), on any CPU with oneDNN's kernels; in
+    float32.  Its moments are sums over the parts, so the parts of a map run
+    at once: at ResNet-1001, batch 16, on an AVX-512 Xeon, 7.62 against 6.15
+    images/s with oneDNN's BN on whole units (docs/performance.md).
 
     oneDNN's batch normalisation for channels-last maps on AVX2
     (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
@@ -35,14 +40,15 @@ def affine_batch_norm():
     BN at inference); ``keras-identity-export`` runs TensorFlow's own kernel
     choice, Eigen's on most AVX2 CPUs, and there writes ``FusedBatchNormV3``.
     """
-    return (bool(_cpu_kernels.onednn_enabled()) and _cpu_kernels.onednn_below_avx512()
+    return (bool(_cpu_kernels.onednn_enabled())
+            and (in_parts or _cpu_kernels.onednn_below_avx512())
             and not tf.config.list_physical_devices("GPU"))
 
 
-def for_loop(inputs):
+def for_loop(inputs, in_parts=False):
     """:func:`affine_batch_norm` for a loop over ``inputs``: float32 maps
     only (mixed precision keeps the fused op)."""
-    return inputs.dtype == tf.float32 and affine_batch_norm()
+    return inputs.dtype == tf.float32 and affine_batch_norm(in_parts)
 
 
 def train(xs, gamma, beta, epsilon, affine=False, relu=False):

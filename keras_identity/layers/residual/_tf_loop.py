@@ -71,7 +71,8 @@ def conv_parts():
     thread per operation it would keep one core busy; a convolution treats
     each example on its own, so its parts run at once on the other cores and
     their outputs, concatenated, are the whole convolution's (to rounding).
-    BN, which couples the examples, stays whole.  Measured at ResNet-1001,
+    BN, which couples the examples, stays whole, except where whole units
+    run in parts (:func:`batch_parts`).  Measured at ResNet-1001,
     batch 16, 2 cores: 7-10% more images/s; splitting the backward pass's
     convolutions too was slower (it already runs the kernel and input
     gradients at once) (docs/performance.md, "Threads per operation").
@@ -139,7 +140,8 @@ def batch_parts(parts, affine_bn, addition):
     """How many parts along the batch a training loop runs its units in:
     ``parts`` (:func:`conv_parts`) where BN takes the affine form
     (:func:`~._tf_batch_norm.affine_batch_norm`, whose batch moments are
-    sums over the parts) and the shortcut is the identity, else 1 (a whole
+    sums over the parts; with more than one part it is taken on every CPU
+    with oneDNN's kernels) and the shortcut is the identity, else 1 (a whole
     unit, its convolutions split in ``parts``).
 
     With each operation on one thread, a whole unit's BN, ReLU, addition and
@@ -147,7 +149,9 @@ def batch_parts(parts, affine_bn, addition):
     concatenated before its BN: at ResNet-1001, batch 16, on the AVX2 class
     (proxy) about a third of the two cores' time was idle and a tenth was
     the concatenations.  Run in parts, every operation but BN's per-channel
-    sums runs on all parts at once (docs/performance.md, "The AVX2 class")."""
+    sums runs on all parts at once: 6.80 against 6.10 images/s there, and
+    7.62 against 6.15 on an AVX-512 Xeon (docs/performance.md, "The AVX2
+    class")."""
     return parts if parts > 1 and affine_bn and addition is None else 1
 
 
@@ -598,7 +602,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
     num_moments = len(bns) + (addition.num_moments if addition else 0)
     parts = conv_parts()
     fuse = fuse_addition()
-    affine_bn = tf_batch_norm.for_loop(inputs)
+    affine_bn = tf_batch_norm.for_loop(inputs, in_parts=parts > 1 and addition is None)
     split = batch_parts(parts, affine_bn, addition)
     if split > 1:  # each convolution of a part whole
         parts = 1

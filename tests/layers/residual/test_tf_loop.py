@@ -148,7 +148,7 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, 
     assert unit_loop.batch_parts(parts, affine, None) == (parts if affine else 1)
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
     monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
-    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: affine)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: affine)
     rng = np.random.default_rng(0)
     num_units, num_layers = 3, 2
     program = unit_program("full_preactivation", num_layers)
@@ -200,7 +200,8 @@ def test_training_graph_keeps_only_the_saved_layout(recompute, monkeypatch):
     # graph's size does not depend on the number of units.
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(0)
-    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: False)  # on any CPU class
+    # On any CPU class.
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: False)
 
     def op_types(num_units):
         units = [_unit_weights(program, 3, 4, False, rng) for _ in range(num_units)]
@@ -364,7 +365,7 @@ def test_affine_batch_norm_changes_no_ordering(unit, parts):
 
 @pytest.mark.parametrize("affine", [False, True])
 def test_the_inference_loop_is_the_units_with_moving_statistics(affine, monkeypatch):
-    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: affine)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: affine)
     rng = np.random.default_rng(5)
     num_units, num_layers = 3, 3
     program = unit_program("full_preactivation", num_layers)
@@ -392,7 +393,7 @@ def test_the_affine_form_replaces_the_fused_op_in_float32_only(dtype, monkeypatc
     # pre-activation bottleneck unit, plus three recomputed with bn_relu),
     # no FusedBatchNormV3; the gradient still FusedBatchNormGradV3.  In
     # bfloat16 the fused op stays (forward and recomputed).
-    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: True)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: True)
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(6)
     units = [_unit_weights(program, 3, 4, False, rng) for _ in range(2)]
@@ -441,7 +442,7 @@ def test_units_run_in_parts_along_the_batch_with_the_affine_form(monkeypatch):
     assert unit_loop.batch_parts(2, False, None) == 1
     assert unit_loop.batch_parts(2, True, object()) == 1
     assert unit_loop.batch_parts(1, True, None) == 1
-    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda: True)
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: True)
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: 2)
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(7)
@@ -491,9 +492,13 @@ def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch
     assert loop_bn.affine_batch_norm() is not bool(tf.config.list_physical_devices("GPU"))
     monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: False)
     assert not loop_bn.affine_batch_norm()
+    # Units in parts along the batch: on any CPU with oneDNN's kernels.
+    assert loop_bn.affine_batch_norm(in_parts=True) is not bool(
+        tf.config.list_physical_devices("GPU"))
     monkeypatch.setattr(_cpu_kernels, "onednn_below_avx512", lambda: True)
     monkeypatch.setattr(_cpu_kernels, "onednn_enabled", lambda: False)
     assert not loop_bn.affine_batch_norm()
+    assert not loop_bn.affine_batch_norm(in_parts=True)
 
 
 def test_onednn_below_avx512_runs_bn_as_a_depthwise_convolution_with_its_relu():
