@@ -14,10 +14,13 @@ two.  At larger batches each operation splits well and the intra-op pool is
 faster.  Measured on 2 cores (AMD EPYC, AVX-512, oneDNN; docs/performance.md):
 one thread per operation, two at once, trains ResNet-1001 and ResNet-164 at
 batch 16 faster than TensorFlow's own split, and ResNet-164 at batch 64
-slower.  With one thread per operation the looped stages' forward pass, a
-chain of one operation after another, splits each convolution along the
-batch into as many parts as run at once
-(:func:`keras_identity.layers.residual._tf_loop.conv_parts`).
+slower.  With one thread per operation the looped stages run their
+identity units in as many parts along the batch as operations run at once,
+forward and backward, BN's sums shared
+(:func:`keras_identity.layers.residual._tf_loop.batch_parts`), and split
+the other units' forward convolutions so
+(:func:`keras_identity.layers.residual._tf_loop.conv_parts`): a unit's
+operations are otherwise a chain, one at a time.
 
 So :func:`choose` (``--intra_op_threads``, :class:`TrainConfig
 <keras_identity.training.TrainConfig>`) picks, for training on a CPU:

@@ -1,7 +1,9 @@
 """Batch normalisation of the looped units (TensorFlow), private to
 :mod:`._tf_loop`: training-mode BN with the reserves its written gradient
 (``FusedBatchNormGradV3``) reads, by TensorFlow's fused op or, where
-oneDNN's BN is slow (:func:`affine_batch_norm`), as a depthwise convolution.
+oneDNN's BN is slow or the units run in parts along the batch
+(:func:`affine_batch_norm`), as a depthwise convolution; and its gradient,
+over such parts corrected to the whole batch's (:func:`gradient`).
 """
 
 import tensorflow as tf

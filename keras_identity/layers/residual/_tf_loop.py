@@ -8,7 +8,8 @@ about seventy captured tensors, a second of tracing for ResNet-164 and an
 :class:`~keras_identity.layers.ResidualStack` are made of four operations
 only (convolution, bias, BatchNormalization and ReLU, joined by the
 shortcut addition of Eqn. 1; BN by TensorFlow's fused op, or on the AVX2
-class as a depthwise convolution: :func:`~._tf_batch_norm.affine_batch_norm`), so their
+class and wherever the units run in parts along the batch as a depthwise
+convolution: :func:`~._tf_batch_norm.affine_batch_norm`), so their
 backward pass is written here directly: the forward loop stores, for unit ``j``, the tensors each
 operation's gradient needs (what automatic differentiation would store), and
 the backward loop walks the units from last to first applying the gradient
@@ -71,11 +72,12 @@ def conv_parts():
     thread per operation it would keep one core busy; a convolution treats
     each example on its own, so its parts run at once on the other cores and
     their outputs, concatenated, are the whole convolution's (to rounding).
-    BN, which couples the examples, stays whole, except where whole units
-    run in parts (:func:`batch_parts`).  Measured at ResNet-1001,
+    BN, which couples the examples, stays whole.  Measured at ResNet-1001,
     batch 16, 2 cores: 7-10% more images/s; splitting the backward pass's
     convolutions too was slower (it already runs the kernel and input
     gradients at once) (docs/performance.md, "Threads per operation").
+    Where the units can run in parts along the batch (:func:`batch_parts`),
+    they do so instead, backward pass included.
     """
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
@@ -657,7 +659,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
                     with tf.control_dependencies(gs):
                         unit_input = [tf.identity(t) for t in kept]
                     _, _, saved = unit.forward(program, slots, unit_input, epsilon,
-                                               parts=parts, affine_bn=affine_bn)
+                                               affine_bn=affine_bn)
                 else:
                     saved = {i: [next(kept) for _ in range(
                         split if kinds[i] == "features" else 1)] for i in kept_slots}

@@ -134,18 +134,19 @@ def test_backward_equals_automatic_differentiation(unit, num_layers, recompute):
     ("none", 3, False, False, 2), ("bn_relu", 2, False, False, 2), ("none", 1, True, False, 2),
     ("none", 2, True, False, 2), ("unit", 3, True, False, 2), ("none", 1, False, True, 2),
     ("bn_relu", 2, True, True, 2), ("unit", 2, True, True, 2), ("none", 3, True, True, 2),
-    ("none", 2, True, True, 5), ("bn_relu", 3, False, True, 7), ("unit", 2, False, True, 1)])
+    ("none", 2, True, True, 5), ("bn_relu", 3, False, True, 7), ("unit", 2, False, True, 1),
+    ("bn_relu", 2, True, True, 1)])
 def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, parts, fused,
                                                                       affine, batch,
                                                                       monkeypatch):
     # parts > 1: the forward convolutions split along the batch, as with one
-    # thread per operation (batch 2 in 3 parts: fewer examples than parts, whole).
+    # thread per operation (batch 2 in 3 parts: fewer examples than parts,
+    # whole; with the affine form, copies of the batch, below).
     # fused: the last convolution adds the shortcut (oneDNN's fused sum).
     # affine: BN as two matrix products and a depthwise convolution (the AVX2
     # class); with parts > 1 the units run in parts along the batch, BN's
     # moments and gradient over all of them (batch 5 in 2 parts and 7 in 3:
     # unequal parts; fewer examples than parts: copies of the batch).
-    assert unit_loop.batch_parts(parts, affine, None) == (parts if affine else 1)
     monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
     monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
     monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: affine)
