@@ -17,9 +17,9 @@ batch 16 faster than TensorFlow's own split, and ResNet-164 at batch 64
 slower.  With one thread per operation the looped stages run their
 identity units in as many parts along the batch as operations run at once,
 forward and backward, BN's sums shared
-(:func:`keras_identity.layers.residual._tf_loop.batch_parts`), and split
+(:func:`keras_identity.layers.residual._tf_batch_parts.batch_parts`), and split
 the other units' forward convolutions so
-(:func:`keras_identity.layers.residual._tf_loop.conv_parts`): a unit's
+(:func:`keras_identity.layers.residual._tf_batch_parts.conv_parts`): a unit's
 operations are otherwise a chain, one at a time.
 
 So :func:`choose` (``--intra_op_threads``, :class:`TrainConfig

@@ -101,9 +101,9 @@ def test_transfer_weights_rejects_different_networks():
 def _loop_bn_differs():
     if BACKEND != "tensorflow":
         return False
-    from keras_identity.layers.residual import _tf_batch_norm, _tf_loop
+    from keras_identity.layers.residual import _tf_batch_norm, _tf_batch_parts
 
-    return _tf_batch_norm.affine_batch_norm(in_parts=_tf_loop.conv_parts() > 1)
+    return _tf_batch_norm.affine_batch_norm(in_parts=_tf_batch_parts.conv_parts() > 1)
 
 
 # Through fit (training flag, seeds, moving statistics, the optimizer): the

@@ -42,8 +42,8 @@ def test_configure_sets_the_pools_before_the_runtime_and_refuses_after():
         "print('LINE', cpu_threads.configure(None, 8 * cpu_threads.cpu_kernels.cores()))\n"
         "print('POOLS', tf.config.threading.get_intra_op_parallelism_threads(),"
         " tf.config.threading.get_inter_op_parallelism_threads())\n"
-        "from keras_identity.layers.residual import _tf_loop\n"
-        "print('PARTS', _tf_loop.conv_parts())\n"
+        "from keras_identity.layers.residual import _tf_batch_parts\n"
+        "print('PARTS', _tf_batch_parts.conv_parts())\n"
         "print('OWN', cpu_threads.configure(0, 16))\n"
         "print('RESET', tf.config.threading.get_intra_op_parallelism_threads())\n"
         "tf.constant(1.0) + 1.0\n"
@@ -64,7 +64,7 @@ def test_configure_sets_the_pools_before_the_runtime_and_refuses_after():
                                         f"batch of {8 * cores} on {cores} cores;")
         assert lines["POOLS"] == f"{cores // 2} 2"
         # One thread per operation: the looped stages' forward convolutions
-        # are split in two along the batch (layers.residual._tf_loop).
+        # are split in two along the batch (layers.residual._tf_batch_parts).
         assert lines["PARTS"] == ("2" if cores == 2 else "1")
     assert lines["OWN"] == "TensorFlow CPU threads: its own split (--intra_op_threads=0)"
     assert lines["RESET"] == "0"

@@ -21,7 +21,7 @@ def affine_batch_norm(in_parts=False):
     (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2
     class, or ``ONEDNN_MAX_CPU_ISA`` capped there), and, with ``in_parts``
     (a training loop whose units can run in parts along the batch:
-    :func:`._tf_loop.batch_parts`), on any CPU with oneDNN's kernels; in
+    :func:`._tf_batch_parts.batch_parts`), on any CPU with oneDNN's kernels; in
     float32.  Its moments are sums over the parts, so the parts of a map run
     at once: at ResNet-1001, batch 16, on an AVX-512 Xeon, 7.62 against 6.15
     images/s with oneDNN's BN on whole units (docs/performance.md).
@@ -105,20 +105,20 @@ def gradient(dys, xs, gamma, reserves, epsilon):
     ``γ σ⁻¹ ((Σ_p dy / m_p − Σ dy / m) + x̂ (Σ_p dy x̂ / m_p − Σ dy x̂ / m))``,
     added here by a depthwise convolution (see :func:`affine`).  The sums
     over a part are that op's ``dβ`` and ``dγ``."""
-    mean, variance, _ = reserves
+    mean, variance, reserve3 = reserves
     outputs = [tf.raw_ops.FusedBatchNormGradV3(
-        y_backprop=dy, x=x, scale=gamma, reserve_space_1=reserves[0],
-        reserve_space_2=reserves[1], reserve_space_3=reserves[2], epsilon=epsilon,
+        y_backprop=dy, x=x, scale=gamma, reserve_space_1=mean,
+        reserve_space_2=variance, reserve_space_3=reserve3, epsilon=epsilon,
         data_format="NHWC", is_training=True)[:3] for dy, x in zip(dys, xs)]
     dgamma = tf.add_n([o[1] for o in outputs])
     dbeta = tf.add_n([o[2] for o in outputs])
     if len(xs) == 1:
         return [outputs[0][0]], dgamma, dbeta
-    count = tf.add_n([_count(x) for x in xs])
+    parts = [_count(x) for x in xs]
+    count = tf.add_n(parts)
     inverse_std = tf.math.rsqrt(variance + epsilon)
     dxs = []
-    for (dx, part_dgamma, part_dbeta), x in zip(outputs, xs):
-        part = _count(x)
+    for (dx, part_dgamma, part_dbeta), x, part in zip(outputs, xs, parts):
         shift = gamma * inverse_std * (part_dbeta / part - dbeta / count)
         slope = gamma * inverse_std * (part_dgamma / part - dgamma / count)
         dxs.append(dx + affine(x, slope, shift, mean, variance, epsilon, False))

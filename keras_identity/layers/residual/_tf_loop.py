@@ -51,39 +51,13 @@ import tensorflow as tf
 from keras_identity import _cpu_kernels
 from keras_identity.layers.fused_batch_normalization import fused_batch_norm
 from keras_identity.layers.residual import _tf_batch_norm as tf_batch_norm
+from keras_identity.layers.residual import _tf_batch_parts as batch
+# Also the loop's convolution as the stack calls it (stack.py: loop.conv).
+from keras_identity.layers.residual._tf_batch_parts import conv
 from keras_identity.layers.residual.orderings import RELU
 
 # Gates have their gradient written out (GateAddition).
 WRITES_GATE_GRADIENT = True
-
-
-def conv(x, kernel):
-    """``"same"`` convolution of NHWC ``x`` with an HWIO ``kernel``, stride 1."""
-    return tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
-
-
-def conv_parts():
-    """The parts a training-mode convolution of the loop is split into along
-    the batch: as many as TensorFlow runs operations at once where each runs
-    on one thread on a CPU (what ``keras_identity.training.cpu_threads``
-    chooses for small batches), else 1.
-
-    The forward pass is a chain of one operation at a time, so with one
-    thread per operation it would keep one core busy; a convolution treats
-    each example on its own, so its parts run at once on the other cores and
-    their outputs, concatenated, are the whole convolution's (to rounding).
-    BN, which couples the examples, stays whole.  Measured at ResNet-1001,
-    batch 16, 2 cores: 7-10% more images/s; splitting the backward pass's
-    convolutions too was slower (it already runs the kernel and input
-    gradients at once) (docs/performance.md, "Threads per operation").
-    Where the units can run in parts along the batch (:func:`batch_parts`),
-    they do so instead, backward pass included.
-    """
-    intra = tf.config.threading.get_intra_op_parallelism_threads()
-    inter = tf.config.threading.get_inter_op_parallelism_threads()
-    if intra != 1 or inter < 2 or tf.config.list_physical_devices("GPU"):
-        return 1
-    return inter
 
 
 def fuse_addition():
@@ -104,92 +78,6 @@ def fuse_addition():
     would be folded away with its BiasAdd, and the fusion with it): the loop
     captures it from outside (:func:`train_loop`)."""
     return bool(_cpu_kernels.onednn_enabled()) and not tf.config.list_physical_devices("GPU")
-
-
-def _conv_part(x, kernel, bias, summand):
-    """``conv(x) + bias``, or with ``summand = (tensor, zero_bias)``
-    ``bias_add(conv(x), bias or zero_bias) + tensor``."""
-    y = conv(x, kernel)
-    if summand is None:
-        return y if bias is None else tf.nn.bias_add(y, bias)
-    tensor, zero_bias = summand
-    return tf.nn.bias_add(y, zero_bias if bias is None else bias) + tensor
-
-
-def _split_conv(x, kernel, bias, summand, parts):
-    n = tf.shape(x)[0]
-    bounds = [n * i // parts for i in range(parts + 1)]
-    sizes = tf.stack([b - a for a, b in zip(bounds, bounds[1:])])
-    pieces = tf.split(x, sizes, axis=0)
-    added = [None] * parts if summand is None else [
-        (piece, summand[1]) for piece in tf.split(summand[0], sizes, axis=0)]
-    return tf.concat([_conv_part(piece, kernel, bias, a) for piece, a in zip(pieces, added)],
-                     axis=0)
-
-
-def _conv(x, kernel, bias, parts=1, summand=None):
-    """``conv(x) + bias`` (and ``summand``: see :func:`_conv_part`, fused by
-    :func:`fuse_addition`), split along the batch into ``parts``
-    (:func:`conv_parts`)."""
-    if parts > 1:  # whole below `parts` examples: oneDNN mis-shapes an empty batch's output
-        return tf.cond(tf.shape(x)[0] >= parts,
-                       lambda: _split_conv(x, kernel, bias, summand, parts),
-                       lambda: _conv_part(x, kernel, bias, summand))
-    return _conv_part(x, kernel, bias, summand)
-
-
-def batch_parts(parts, affine_bn, addition):
-    """How many parts along the batch a training loop runs its units in:
-    ``parts`` (:func:`conv_parts`) where BN takes the affine form
-    (:func:`~._tf_batch_norm.affine_batch_norm`, whose batch moments are
-    sums over the parts; with more than one part it is taken on every CPU
-    with oneDNN's kernels) and the shortcut is the identity, else 1 (a whole
-    unit, its convolutions split in ``parts``).
-
-    With each operation on one thread, a whole unit's BN, ReLU, addition and
-    their gradients run one at a time, and a split convolution's parts are
-    concatenated before its BN: at ResNet-1001, batch 16, on the AVX2 class
-    (proxy) about a third of the two cores' time was idle and a tenth was
-    the concatenations.  Run in parts, every operation but BN's per-channel
-    sums runs on all parts at once: 6.80 against 6.10 images/s there, and
-    7.62 against 6.15 on an AVX-512 Xeon (docs/performance.md, "The AVX2
-    class")."""
-    return parts if parts > 1 and affine_bn and addition is None else 1
-
-
-def _batch_split(x, parts, gradient=False):
-    """``x`` as a list of ``parts`` pieces along the batch, sizes differing by
-    at most one.  Below ``parts`` examples each piece is the whole batch
-    (no piece empty: oneDNN mis-shapes an empty batch's convolution); a
-    unit's BN moments over such copies are the batch's, so every copy runs
-    the batch's own unit; its gradient (``gradient``: ``x`` is the output's
-    gradient) goes to the first copy only, and :func:`_batch_join` sums the
-    copies' input gradients."""
-    if parts == 1:
-        return [x]
-    n = tf.shape(x)[0]
-    copies = n < parts
-    bounds = [n * i // parts for i in range(parts + 1)]
-    pieces = []
-    for i in range(parts):
-        start = tf.where(copies, 0, bounds[i])
-        size = tf.where(copies, n, bounds[i + 1] - bounds[i])
-        piece = tf.slice(x, tf.stack([start, 0, 0, 0]), tf.stack([size, -1, -1, -1]))
-        piece.set_shape([None] + x.shape[1:])
-        if gradient and i:
-            piece = piece * tf.cast(tf.logical_not(copies), x.dtype)
-        pieces.append(piece)
-    return pieces
-
-
-def _batch_join(xs, n, gradient=False):
-    """The inverse of :func:`_batch_split` for a batch of ``n``: the output,
-    or (``gradient``) the input gradient, of the units run in parts."""
-    if len(xs) == 1:
-        return xs[0]
-    if gradient:
-        return tf.cond(n < len(xs), lambda: tf.add_n(xs), lambda: tf.concat(xs, axis=0))
-    return tf.concat(xs, axis=0)[:n]
 
 
 def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gate=False):
@@ -255,7 +143,7 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     """One unit.
 
     ``x`` is the unit's input, or a list of its parts along the batch (see
-    :func:`batch_parts`): each step then runs on every part, and BN takes
+    :func:`~._tf_batch_parts.batch_parts`): each step then runs on every part, and BN takes
     its batch moments over all of them (the affine form only).
     ``bns[i]`` is ``(gamma, beta)`` in training and ``(gamma, beta,
     moving_mean, moving_variance)`` at inference.  ``addition(x, f,
@@ -266,7 +154,7 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
     (training only) and ``{slot: tensor}``, the tensors the backward pass
     reads (for parts, ``{slot: [tensor per part]}``, a statistic as a list
     of one).  ``parts``: each convolution's split along the batch
-    (:func:`conv_parts`); ``fused_addition``: None, or the zero bias (``x``'s
+    (:func:`~._tf_batch_parts.conv_parts`); ``fused_addition``: None, or the zero bias (``x``'s
     channels and dtype) through which a convolution followed by the identity
     shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
     ``affine_bn``: BN (in training and at inference) as
@@ -297,7 +185,7 @@ def _forward(program, slots, xs, kernels, biases, bns, epsilon, training, additi
             added = (fused_addition is not None and training and addition is None
                      and k + 1 < len(program) and program[k + 1][0] == "add"
                      and not slots[k + 1])
-            ts = [_conv(t, kernels[step[1]], biases[step[1]], parts,
+            ts = [batch.convolution(t, kernels[step[1]], biases[step[1]], parts,
                         (x, fused_addition) if added else None) for t, x in zip(ts, xs)]
         elif step[0] == "bn":
             # The depthwise form applies the ReLU after it (fused by Grappler).
@@ -602,10 +490,10 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
                                 keep_gate=bool(addition and addition.keeps_gate))
     kept_slots = [i for i, kind in enumerate(kinds) if kind != "recomputed"]
     num_moments = len(bns) + (addition.num_moments if addition else 0)
-    parts = conv_parts()
+    parts = batch.conv_parts()
     fuse = fuse_addition()
     affine_bn = tf_batch_norm.for_loop(inputs, in_parts=parts > 1 and addition is None)
-    split = batch_parts(parts, affine_bn, addition)
+    split = batch.batch_parts(parts, affine_bn, addition)
     if split > 1:  # each convolution of a part whole
         parts = 1
 
@@ -639,7 +527,7 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
 
         _, ys, store, stats = tf.while_loop(
             lambda j, *_: j < num_units, body,
-            (tf.constant(0), _batch_split(x, split), store, stats),
+            (tf.constant(0), batch.split(x, split), store, stats),
             maximum_iterations=num_units)
 
         def grad(dy, *unused_stat_grads):
@@ -670,12 +558,12 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
 
             _, dxs, _, grads = tf.while_loop(
                 lambda k, *_: k < num_units, back,
-                (tf.constant(0), _batch_split(dy, split, gradient=True), store, grads),
+                (tf.constant(0), batch.split(dy, split, gradient=True), store, grads),
                 maximum_iterations=num_units)
-            return (_batch_join(dxs, tf.shape(dy)[0], gradient=True),
+            return (batch.join(dxs, tf.shape(dy)[0], gradient=True),
                     *[a.stack() for a in grads])
 
-        return (_batch_join(ys, tf.shape(x)[0]), *[a.stack() for a in stats]), grad
+        return (batch.join(ys, tf.shape(x)[0]), *[a.stack() for a in stats]), grad
 
     # Tensors, not variables: the custom gradient is with respect to its inputs.
     stacked = [tf.convert_to_tensor(w) for w in _flatten(kernels, biases, bns)]

@@ -12,6 +12,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.layers.residual import _tf_batch_norm as loop_bn
+from keras_identity.layers.residual import _tf_batch_parts as loop_parts
 from keras_identity.layers.residual import _tf_loop as unit_loop
 from keras_identity.layers.residual import check_recompute
 from keras_identity.layers.residual.orderings import unit_program
@@ -147,7 +148,7 @@ def test_loop_gradient_equals_automatic_differentiation_of_the_units(recompute, 
     # class); with parts > 1 the units run in parts along the batch, BN's
     # moments and gradient over all of them (batch 5 in 2 parts and 7 in 3:
     # unequal parts; fewer examples than parts: copies of the batch).
-    monkeypatch.setattr(unit_loop, "conv_parts", lambda: parts)
+    monkeypatch.setattr(loop_parts, "conv_parts", lambda: parts)
     monkeypatch.setattr(unit_loop, "fuse_addition", lambda: fused)
     monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: affine)
     rng = np.random.default_rng(0)
@@ -241,11 +242,11 @@ def test_a_convolution_split_along_the_batch_is_the_whole_convolution(parts):
     rng = np.random.default_rng(1)
     kernel = tf.constant(rng.normal(size=(3, 3, 4, 6)), tf.float32)
     bias = tf.constant(rng.normal(size=(6,)), tf.float32)
-    split = tf.function(lambda x: unit_loop._conv(x, kernel, bias, parts),
+    split = tf.function(lambda x: loop_parts.convolution(x, kernel, bias, parts),
                         input_signature=[tf.TensorSpec([None, 5, 5, 4], tf.float32)])
     for batch in (1, 2, 5, 16):  # fewer examples than parts: one whole convolution
         x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
-        np.testing.assert_allclose(split(x), unit_loop._conv(x, kernel, bias), rtol=1e-5,
+        np.testing.assert_allclose(split(x), loop_parts.convolution(x, kernel, bias), rtol=1e-5,
                                    atol=1e-5)
 
 
@@ -256,13 +257,13 @@ def test_a_convolution_that_adds_the_shortcut_is_the_convolution_plus_the_shortc
     bias = tf.constant(rng.normal(size=(6,)), tf.float32)
     zero = tf.zeros([6])
     for b in (None, bias):
-        fused = tf.function(lambda x, s: unit_loop._conv(x, kernel, b, parts, (s, zero)),
+        fused = tf.function(lambda x, s: loop_parts.convolution(x, kernel, b, parts, (s, zero)),
                             input_signature=[tf.TensorSpec([None, 5, 5, 4], tf.float32),
                                              tf.TensorSpec([None, 5, 5, 6], tf.float32)])
         for batch in (1, 2, 5, 16):
             x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
             shortcut = tf.constant(rng.normal(size=(batch, 5, 5, 6)), tf.float32)
-            expected = unit_loop._conv(x, kernel, b) + shortcut
+            expected = loop_parts.convolution(x, kernel, b) + shortcut
             np.testing.assert_allclose(fused(x, shortcut), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -440,11 +441,11 @@ def test_units_run_in_parts_along_the_batch_with_the_affine_form(monkeypatch):
     # statistics) and no concatenation but the loop's output and input
     # gradient.  Otherwise (oneDNN's BN, or a shortcut with weights) whole
     # units, their convolutions split.
-    assert unit_loop.batch_parts(2, False, None) == 1
-    assert unit_loop.batch_parts(2, True, object()) == 1
-    assert unit_loop.batch_parts(1, True, None) == 1
+    assert loop_parts.batch_parts(2, False, None) == 1
+    assert loop_parts.batch_parts(2, True, object()) == 1
+    assert loop_parts.batch_parts(1, True, None) == 1
     monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: True)
-    monkeypatch.setattr(unit_loop, "conv_parts", lambda: 2)
+    monkeypatch.setattr(loop_parts, "conv_parts", lambda: 2)
     program = unit_program("full_preactivation", 3)
     rng = np.random.default_rng(7)
     units = [_unit_weights(program, 3, 4, False, rng) for _ in range(2)]
