@@ -19,15 +19,15 @@ module = importlib.import_module(sys.argv[1])
 results = []
 for args in json.loads(sys.argv[2]):
     flags.FLAGS.unparse_flags()
-    stderr = io.StringIO()
+    stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
     sys.argv = [sys.argv[0]] + args
-    with contextlib.redirect_stderr(stderr):
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
         try:
             module.run()
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-    results.append([code, stderr.getvalue()])
+    results.append([code, stderr.getvalue(), stdout.getvalue()])
 print("\nRESULTS " + json.dumps(results))
 """
 
@@ -35,6 +35,12 @@ print("\nRESULTS " + json.dumps(results))
 def run_refusals(module, cases, env=None, timeout=600):
     """``[(exit code, stderr), ...]``: ``module``'s ``run()`` with each list of
     arguments of ``cases``, in one fresh process (cwd: the repository)."""
+    return [(code, stderr) for code, stderr, _ in run_cases(module, cases, env, timeout)]
+
+
+def run_cases(module, cases, env=None, timeout=600):
+    """``[(exit code, stderr, stdout), ...]``: as :func:`run_refusals`, with
+    what each run printed on standard output."""
     result = subprocess.run([sys.executable, "-c", _DRIVER, module, json.dumps(cases)],
                             cwd=REPO, capture_output=True, text=True, timeout=timeout,
                             env=dict(os.environ, **(env or {})))

@@ -6,8 +6,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+import pytest
+
+from tests.backend import tensorflow_only
 from tests.conftest import REPO
 from tests.programs import error_lines
+from tests.programs import run_cases
 from tests.programs import run_refusals
 
 
@@ -154,3 +159,39 @@ def test_a_stop_signal_while_the_program_starts_exits_75_in_one_line(tmp_path):
         assert f"stopped by {name} outside the training loop" in err
         assert "run the same command to resume (exit status 75)" in err
         assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@tensorflow_only
+@pytest.mark.parametrize("batches", [
+    (3, 7), pytest.param((5, 9, 15), marks=pytest.mark.slow)])
+def test_odd_static_batches_train_in_parts_as_whole_units(tmp_path, batches):
+    # One thread per operation: the looped identity units of a pre-activation
+    # ResNet run in parts along the batch, which the in-memory stream batches
+    # with drop_remainder (a static batch size the parts do not divide at an
+    # odd batch).  The first epoch's loss equals that of TensorFlow's own
+    # split (--intra_op_threads=0: whole units), run in another process.
+    rng = np.random.default_rng(0)
+    data = tmp_path / "cifar-like.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 64),
+             x_test=rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 16))
+    common = ["--model=preact_resnet", "--depth=20", "--stage_mode=scan", "--dataset=cifar10",
+              f"--data_dir={data}", "--steps_per_epoch=3", "--epochs=1", "--seed=1",
+              "--verbose=0"]
+    losses, outputs = {}, {}
+    for threads in ("1", "0"):
+        cases = [common + [f"--batch_size={b}", f"--intra_op_threads={threads}",
+                           f"--model_dir={tmp_path / f'{threads}-{b}'}"] for b in batches]
+        results = run_cases("keras_identity_cli.train", cases)
+        for b, (code, stderr, _) in zip(batches, results):
+            assert code == 0, (threads, b, stderr[-3000:])
+            history = json.loads((tmp_path / f"{threads}-{b}" / "history.json").read_text())
+            losses[threads, b] = history[0]["loss"]
+        outputs[threads] = results[0][2]
+    if "TensorFlow CPU kernels: oneDNN" not in outputs["1"]:
+        pytest.skip("the units run in parts with oneDNN's kernels only")
+    assert "TensorFlow CPU threads: 1 per operation" in outputs["1"]
+    for b in batches:
+        np.testing.assert_allclose(losses["1", b], losses["0", b], rtol=1e-4,
+                                   err_msg=f"batch {b}")

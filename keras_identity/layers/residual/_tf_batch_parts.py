@@ -126,6 +126,16 @@ def join(xs, n, gradient=False):
     or (``gradient``) the input gradient, of the units run in parts."""
     if len(xs) == 1:
         return xs[0]
-    if gradient:
-        return tf.cond(n < len(xs), lambda: tf.add_n(xs), lambda: tf.concat(xs, axis=0))
-    return tf.concat(xs, axis=0)[:n]
+    if not gradient:
+        return tf.concat(xs, axis=0)[:n]
+    static = tf.get_static_value(n)
+    if static is not None:
+        return tf.add_n(xs) if static < len(xs) else tf.concat(xs, axis=0)
+    sizes = [x.shape[0] for x in xs]
+    if None not in sizes and len(set(sizes)) > 1:
+        # Parts of static, unequal sizes (a stream batched with
+        # drop_remainder, a batch the parts do not divide) are never copies,
+        # and ``tf.add_n`` of them, even in an untaken branch, fails shape
+        # inference.
+        return tf.concat(xs, axis=0)
+    return tf.cond(n < len(xs), lambda: tf.add_n(xs), lambda: tf.concat(xs, axis=0))

@@ -486,6 +486,56 @@ def test_units_run_in_parts_along_the_batch_with_the_affine_form(monkeypatch):
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("parts", [2, 3])
+def test_units_in_parts_at_every_batch_size_with_static_and_dynamic_shapes(parts, monkeypatch):
+    # A stream batched with drop_remainder (or fit/train_on_batch on arrays)
+    # traces the step with a static batch size: the parts then have static,
+    # unequal sizes where the parts do not divide the batch, copies below
+    # `parts` examples.  Every batch size 1-17, each traced with its static
+    # shape, and all through one trace of unknown batch size, must give the
+    # gradient of automatic differentiation of the whole units.
+    monkeypatch.setattr(loop_bn, "affine_batch_norm", lambda in_parts=False: True)
+    monkeypatch.setattr(loop_parts, "conv_parts", lambda: parts)
+    program = unit_program("full_preactivation", 2)
+    slots, _ = unit_loop.saved_layout(program)
+    rng = np.random.default_rng(parts)
+    units = [_unit_weights(program, 2, 4, False, rng) for _ in range(2)]
+    kernels = [tf.stack([u[0][i] for u in units]) for i in range(2)]
+    bns = [(tf.stack([u[2][i][0] for u in units]), tf.stack([u[2][i][1] for u in units]))
+           for i in range(2)]
+
+    def loop_gradient(x, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch([x] + kernels)
+            y, _ = unit_loop.train_loop(program, x, kernels, [None] * 2, bns, 1e-5)
+            loss = tf.reduce_sum(y * upstream)
+        return tape.gradient(loss, [x] + kernels)
+
+    def unit_gradient(x, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch([x] + kernels)
+            t = x
+            for j in range(2):
+                t, _, _ = unit_loop.forward(program, slots, t, [k[j] for k in kernels],
+                                            [None] * 2, [(g[j], b[j]) for g, b in bns], 1e-5)
+            loss = tf.reduce_sum(t * upstream)
+        return tape.gradient(loss, [x] + kernels)
+
+    dynamic = tf.function(loop_gradient).get_concrete_function(
+        tf.TensorSpec((None, 5, 5, 4)), tf.TensorSpec((None, 5, 5, 4)))
+    for batch in range(1, 18):
+        x = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
+        upstream = tf.constant(rng.normal(size=(batch, 5, 5, 4)), tf.float32)
+        expected = unit_gradient(x, upstream)
+        static = tf.function(loop_gradient).get_concrete_function(
+            tf.TensorSpec((batch, 5, 5, 4)), tf.TensorSpec((batch, 5, 5, 4)))
+        for shapes, step in (("static", static), ("dynamic", dynamic)):
+            for index, (g, e) in enumerate(zip(step(x, upstream), expected)):
+                assert g.shape == e.shape
+                np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4,
+                                           err_msg=f"{shapes} batch {batch}, source {index}")
+
+
 def test_affine_batch_norm_is_chosen_where_onednn_stops_below_avx512(monkeypatch):
     from keras_identity import _cpu_kernels
 
