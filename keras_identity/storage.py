@@ -43,6 +43,7 @@ import re
 import shutil
 import stat
 import tempfile
+import unicodedata
 
 from keras_identity import store_clients
 
@@ -94,8 +95,14 @@ def check_path(path, name="model_dir"):
     ``gs:b/x``); and a bucket path that other spellings also name: an
     upper-case scheme, empty, ``.`` or ``..`` parts (``gs://b//x``,
     ``gs://b/./x``, ``gs://b/a/../x``), which the stores take literally as
-    object names while :func:`normalize` folds them."""
+    object names while :func:`normalize` folds them; and a path with a
+    control character (a newline pasted into a flag), on a disk or in a
+    bucket: files named with it break every line that names them."""
     path = os.fspath(path)
+    control = next((i for i, c in enumerate(path) if unicodedata.category(c) == "Cc"), None)
+    if control is not None:
+        raise ValueError(f"{name}={path!r} holds a control character ({path[control]!r} at "
+                         f"position {control}); expected a path without control characters")
     typo = re.match(r"([A-Za-z][A-Za-z0-9]*):(?!//)", path)
     if typo and typo.group(1).lower() in store_clients.PACKAGES:
         meant = f"{typo.group(1).lower()}://{path[typo.end():].lstrip('/')}"
@@ -131,6 +138,31 @@ def check_path(path, name="model_dir"):
                          f"to 222 with dots, 63 between two), starting and ending with a "
                          f"letter or digit")
     store_clients.filesystem(found, name)
+
+
+# The longest object name each store takes, in UTF-8 bytes (GCS's and S3's
+# documented limits), and the store's name for messages.
+MAX_OBJECT_NAME_BYTES = {"gs": (1024, "GCS"), "s3": (1024, "S3")}
+
+
+def check_object_names(path, relative_names, name="model_dir"):
+    """Refuses (``ValueError``, one line naming ``name``, the store's limit
+    and the longest name) a folder ``path`` in a bucket where one of the
+    ``relative_names`` a run writes under it would pass the store's limit
+    on an object's name; a store would refuse that file only when it is
+    written, after the run trained for it.  Local paths pass."""
+    found = scheme(path)
+    if found not in MAX_OBJECT_NAME_BYTES:
+        return
+    limit, store = MAX_OBJECT_NAME_BYTES[found]
+    prefix = os.fspath(path).split("://", 1)[1].partition("/")[2].rstrip("/")
+    relative = max(relative_names, key=lambda relative: len(relative.encode()))
+    size = len(posixpath.join(prefix, relative).encode())
+    if size > limit:
+        raise ValueError(f"{name}={path!r} is too long for {store}: the run's file {relative!r} "
+                         f"there would be an object named with {size:,} bytes, past {store}'s "
+                         f"limit of {limit:,}; expected a {name} whose path in the bucket "
+                         f"takes at most {limit - len(relative.encode()) - 1:,} bytes")
 
 
 def join(base, *parts):
@@ -189,8 +221,12 @@ def bucket_of(path):
 
 
 @contextlib.contextmanager
-def _remote_errors(path, doing):
-    """Turns a store's exceptions into one :class:`StorageError` line."""
+def remote_errors(path, doing):
+    """Turns a store's exceptions raised within into one :class:`StorageError`
+    line naming ``doing`` (``"listing"``, ...) and ``path``: for this module's
+    calls, and for another layer's calls of the same store (Orbax's listing
+    through etils.epath, whose timeout is fsspec's ``FSTimeoutError``, with
+    no message of its own)."""
     try:
         yield
     except StorageError:
@@ -217,7 +253,7 @@ def _bucket_missing(path):
 def exists(path):
     if not is_remote(path):
         return os.path.lexists(path)
-    with _remote_errors(path, "looking up"):
+    with remote_errors(path, "looking up"):
         return _fs(path).exists(path)
 
 
@@ -225,7 +261,7 @@ def _remote_type(path):
     """``"file"``, ``"directory"`` or None (missing) for a path in a store;
     an unreachable store raises (fsspec's ``isfile``/``isdir`` would answer
     False, and a run would take its checkpoints for missing)."""
-    with _remote_errors(path, "looking up"):
+    with remote_errors(path, "looking up"):
         try:
             return _fs(path).info(path.rstrip("/")).get("type")
         except FileNotFoundError:
@@ -287,7 +323,7 @@ def listdir(path):
             return sorted(os.listdir(path))
         except FileNotFoundError:
             return []
-    with _remote_errors(path, "listing"):
+    with remote_errors(path, "listing"):
         try:
             entries = _fs(path).ls(path.rstrip("/"), detail=False, refresh=True)
         except FileNotFoundError:
@@ -301,7 +337,7 @@ def read_bytes(path):
     if not is_remote(path):
         with open(path, "rb") as f:
             return f.read()
-    with _remote_errors(path, "reading"):
+    with remote_errors(path, "reading"):
         return _fs(path).cat_file(path)
 
 
@@ -319,7 +355,7 @@ def write_bytes(path, data):
     temporary file renamed over ``path``; an object appears when its upload
     ends)."""
     if is_remote(path):
-        with _remote_errors(path, "writing"):
+        with remote_errors(path, "writing"):
             _fs(path).pipe_file(path, bytes(data))
         return
     temporary = f"{path}.partial"
@@ -366,7 +402,7 @@ def create_new(path, data):
         with os.fdopen(descriptor, "wb") as f:
             f.write(data)
         return True
-    with _remote_errors(path, "creating"):
+    with remote_errors(path, "creating"):
         try:
             _fs(path).pipe_file(path, bytes(data), mode="create")
         except FileExistsError:
@@ -390,7 +426,7 @@ def generation(path):
         except FileNotFoundError:
             return None
         return f"{found.st_mtime_ns}.{found.st_ino}"
-    with _remote_errors(path, "looking up"):
+    with remote_errors(path, "looking up"):
         try:
             info = _fs(path).info(path, refresh=True)
         except FileNotFoundError:
@@ -406,7 +442,7 @@ def remove(path, missing_ok=True):
             if not missing_ok:
                 raise
         return
-    with _remote_errors(path, "removing"):
+    with remote_errors(path, "removing"):
         try:
             _fs(path).rm_file(path)
         except FileNotFoundError:
@@ -426,7 +462,7 @@ def remove_if_unchanged(path, version):
         return True
     fs = _fs(path)
     bucket, key = path.split("://", 1)[1].split("/", 1)
-    with _remote_errors(path, "removing"):
+    with remote_errors(path, "removing"):
         try:
             fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(version))
         except (FileExistsError, FileNotFoundError):  # 412: changed; 404: gone
@@ -442,7 +478,7 @@ def rename(source, target):
     if not is_remote(source):
         os.replace(source, target)
         return
-    with _remote_errors(source, "moving"):
+    with remote_errors(source, "moving"):
         fs = _fs(source)
         fs.cp_file(source, target)
         fs.rm_file(source)
@@ -488,7 +524,7 @@ def upload(local_path, path):
             with open(local_path, "rb") as f:
                 write_bytes(path, f.read())
         return
-    with _remote_errors(path, "writing"):
+    with remote_errors(path, "writing"):
         _fs(path).put_file(local_path, path)
 
 
@@ -496,7 +532,7 @@ def size(path):
     """The bytes of file ``path`` (any store)."""
     if not is_remote(path):
         return os.path.getsize(path)
-    with _remote_errors(path, "reading"):
+    with remote_errors(path, "reading"):
         return int(_fs(path).size(path))
 
 
@@ -539,7 +575,7 @@ def download_tree(path, local_dir, skip=None):
         if not is_remote(path):
             shutil.copyfile(join(path, relative), target)
         else:
-            with _remote_errors(path, "reading"):
+            with remote_errors(path, "reading"):
                 _fs(path).get_file(join(path, relative), target)
         stamps[relative] = _stamp(target)
     return stamps
@@ -554,7 +590,7 @@ def list_files(path):
             found += [os.path.relpath(os.path.join(root, n), path).replace(os.sep, "/")
                       for n in names]
         return sorted(found)
-    with _remote_errors(path, "listing"):
+    with remote_errors(path, "listing"):
         root = path.split("://", 1)[1].rstrip("/")
         try:
             found = _fs(path).find(root, detail=True)

@@ -61,6 +61,9 @@ _configure_environment()
 # The bounded wait on a store that stops answering (see the module's docstring).
 STORE_TIMEOUT_VARIABLE = "KERAS_IDENTITY_STORE_TIMEOUT_S"
 STORE_TIMEOUT_S = 120.0   # default: one request unanswered this long fails (and is retried)
+# The most a setting may give: a store left unanswered an hour per request (three
+# hours a call) is down, and a larger bound would in effect be none.
+MAX_STORE_TIMEOUT_S = 3600.0
 CALL_REQUESTS = 3         # one call (its retries included) waits at most this many times that
 AFTER_STALL_S = 10.0      # a call after a store timed out: at most this (and one request's)
 _STALLED = set()          # the buckets a call timed out on in this process
@@ -69,7 +72,8 @@ _STALLED = set()          # the buckets a call timed out on in this process
 def store_timeout():
     """The seconds a request may go unanswered (``KERAS_IDENTITY_STORE_TIMEOUT_S``,
     else :data:`STORE_TIMEOUT_S`); a value that is no positive number of
-    seconds is a ``ValueError`` in one line."""
+    seconds, or one past :data:`MAX_STORE_TIMEOUT_S`, is a ``ValueError`` in
+    one line."""
     text = os.environ.get(STORE_TIMEOUT_VARIABLE, "").strip()
     if not text:
         return STORE_TIMEOUT_S
@@ -80,6 +84,11 @@ def store_timeout():
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{STORE_TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
                          f"expected a positive number (default {STORE_TIMEOUT_S:g}), or unset it")
+    if value > MAX_STORE_TIMEOUT_S:
+        raise ValueError(f"{STORE_TIMEOUT_VARIABLE}={text!r} is past the maximum of "
+                         f"{MAX_STORE_TIMEOUT_S:g} s a request (a larger bound is no bound on "
+                         f"a store that stops answering); expected a positive number up to "
+                         f"{MAX_STORE_TIMEOUT_S:g} (default {STORE_TIMEOUT_S:g}), or unset it")
     return value
 
 

@@ -56,6 +56,38 @@ def test_path_helpers():
     assert storage.bucket_of("gs://b/run/x") == "gs://b"
 
 
+@pytest.mark.parametrize("path, position", [
+    ("gs://bucket/run\nx", 15), ("/tmp/run\nx", 8), ("runs/a\tb", 6), ("gs://b-1/x\x7f", 10),
+    ("runs/\x1b[31m", 5)])
+def test_check_path_refuses_control_characters_on_a_disk_and_in_a_bucket(path, position):
+    # A newline pasted into --model_dir trained into object names holding it,
+    # and split every line that named them in two.
+    with pytest.raises(ValueError) as info:
+        storage.check_path(path)
+    assert str(info.value) == (f"model_dir={path!r} holds a control character "
+                               f"({path[position]!r} at position {position}); expected a path "
+                               f"without control characters")
+    assert "\n" not in str(info.value)
+    storage.check_path("runs/ünïcode run")  # printable characters are names like any other
+
+
+def test_check_object_names_refuses_a_folder_whose_files_pass_the_stores_limit():
+    names = ["tensorboard/" + "t" * 40, "checkpoints/" + "c" * 20]   # the longest: 52 bytes
+    room = 1024 - 52 - 1
+    storage.check_object_names("gs://b-1/" + "r" * room, names)
+    storage.check_object_names("s3://b-1/" + "r" * room + "/", names)
+    storage.check_object_names("/local/" + "r" * 2000, names)   # a disk: its own limits
+    with pytest.raises(ValueError) as info:
+        storage.check_object_names("gs://b-1/" + "r" * (room + 1), names, name="export_dir")
+    assert str(info.value) == (
+        f"export_dir='gs://b-1/{'r' * (room + 1)}' is too long for GCS: the run's file "
+        f"'tensorboard/{'t' * 40}' there would be an object named with 1,025 bytes, past GCS's "
+        f"limit of 1,024; expected a export_dir whose path in the bucket takes at most 971 bytes")
+    # Bytes, not characters: UTF-8 names count each ü twice.
+    with pytest.raises(ValueError, match="1,025 bytes"):
+        storage.check_object_names("gs://b-1/" + "ü" * 486, names)
+
+
 def test_check_path_refuses_other_schemes_and_a_missing_bucket():
     with pytest.raises(ValueError, match=r"model_dir='ftp://x/y': ftp:// is not a store") as info:
         storage.check_path("ftp://x/y")

@@ -436,11 +436,18 @@ def intact_words(previous, fix):
            f"to resume"
 
 
+def describe_cause(error):
+    """``error`` in one line of at most 400 characters for a message: its
+    text, or its type's name where it has none (fsspec's ``FSTimeoutError``)."""
+    text = " ".join(str(getattr(error, "strerror", None) or error).split())[:400]
+    return text or type(error).__name__
+
+
 def write_error(directory, step, error, previous):
     """The :class:`WriteError` of a checkpoint of ``step`` that could not be
     written into ``directory`` for ``error``; ``previous``: the step of the
     checkpoint still intact (None: none; :data:`UNKNOWN`: not known now)."""
-    cause = " ".join(str(getattr(error, "strerror", None) or error).split())[:400]
+    cause = describe_cause(error)
     fix = ("free space" if out_of_space(error) else
            f"make {directory} writable" if isinstance(error, PermissionError)
            else "fix the cause")

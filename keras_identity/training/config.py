@@ -22,6 +22,7 @@ from keras_identity.data import normalization as normalization_lib
 from keras_identity.models import registry
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
+from keras_identity.training import run_files
 from keras_identity.training import strategies
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -137,6 +138,8 @@ class TrainConfig:
         if self.model_dir:
             try:
                 storage.check_path(self.model_dir)
+                storage.check_object_names(
+                    self.model_dir, run_files.longest_names(self.resolved_checkpoint_format))
             except ValueError as error:
                 raise ConfigError(str(error)) from None
         else:

@@ -229,10 +229,18 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return jax.process_index() == 0
 
     def _steps(self):
-        """The committed Orbax checkpoints' steps, newest first."""
+        """The committed Orbax checkpoints' steps, newest first (in a bucket, a
+        store's failure is a ``storage.StorageError`` naming the folder)."""
         manager = self._checkpoints()
-        manager.reload()
-        return sorted(manager.all_steps(), reverse=True)
+        if not storage.is_remote(self.directory):
+            manager.reload()
+            return sorted(manager.all_steps(), reverse=True)
+        def listing():
+            with storage.remote_errors(self.directory, "listing"):
+                manager.reload()
+                return sorted(manager.all_steps(), reverse=True)
+
+        return self._within_deadline(listing, "listing")
 
     def _read_state(self, step):
         ocp = self._orbax()
@@ -349,9 +357,9 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         failed, or this one cannot start; a failure of this one is raised by
         the next save or :meth:`finish`.  Every process calls it alike, and
         each failure is every process's."""
-        self.finish()
-        ocp = self._orbax()
         step = int(step)
+        self.finish(before=step)
+        ocp = self._orbax()
         started, failure = False, None
         try:
             # A copy, as JSON keeps it (a NaN of the history stays NaN): Orbax
@@ -392,17 +400,23 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         """Whether a checkpoint is being written in the background."""
         return self._pending is not None and self._checkpoints().is_saving_in_progress()
 
-    def finish(self):
+    def finish(self, before=None):
         """Waits for the checkpoint being written, then keeps the newest
         ``keep`` checkpoints of the run.  Raises
         :class:`checkpoints.WriteError` when it could not be written (its
-        partial files removed; the one before intact)."""
+        partial files removed; the one before intact).  ``before``: the step
+        whose checkpoint is about to be written (:meth:`save`).  A write
+        still running then is named as such; one that had ended, but whose
+        commit cannot be confirmed (the store stopped answering since), is
+        the new checkpoint's failure: that is the write that cannot go on."""
         if self._pending is None:
             return
         step, self._pending = self._pending, None
-        failure = None
+        failure, written = None, False
+        still_running = before is not None and self._checkpoints().is_saving_in_progress()
         try:
             self._wait_for_write()
+            written = True
             # Process 0 commits it: its listing tells.
             if self._primary() and step not in self._steps():
                 raise OSError(f"{_name(step)} was not committed")
@@ -411,6 +425,14 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         failure = _agreed(failure, "keras_identity_checkpoint_end")
         if failure is not None:
             self._clean(step)
+            if written and before is not None:
+                failure = OSError(f"confirming the commit of {_name(step)}, written before: "
+                                  f"{checkpoints.describe_cause(failure)}")
+                step = before
+            elif still_running:
+                failure = OSError(f"its background write was still running when the "
+                                  f"checkpoint of step {before} began: "
+                                  f"{checkpoints.describe_cause(failure)}")
             raise checkpoints.write_error(self.directory, step, failure,
                                           self._intact_step()) from None
         self._steps_written.add(step)
@@ -450,24 +472,33 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         if not storage.is_remote(self.directory):
             manager.wait_until_finished()
             return
-        seconds = storage.call_deadline(self.directory)
-        done, failure = threading.Event(), []
+        self._within_deadline(manager.wait_until_finished, "writing a checkpoint into")
 
-        def wait():
+    def _within_deadline(self, call, doing):
+        """``call()`` (an Orbax call on a bucket's folder), given up after one
+        call of the store's time (``storage.call_deadline``): a
+        ``storage.StorageError`` of ``doing`` the folder.  Its thread is left
+        to finish, and the manager it may hold is abandoned (closing it
+        would wait for it again); later calls of the store wait less."""
+        seconds = storage.call_deadline(self.directory)
+        done, result, failure = threading.Event(), [], []
+
+        def run():
             try:
-                manager.wait_until_finished()
+                result.append(call())
             except BaseException as error:  # noqa: BLE001 - raised below
                 failure.append(error)
             finally:
                 done.set()
 
-        threading.Thread(target=wait, name="keras_identity_orbax_wait", daemon=True).start()
+        threading.Thread(target=run, name="keras_identity_orbax_call", daemon=True).start()
         if not done.wait(seconds):
-            self._manager = None  # abandoned: closing it would wait for the write
+            self._manager = None
             _ABANDONED.append(self.directory)
-            raise storage.stalled(self.directory, "writing a checkpoint into", seconds)
+            raise storage.stalled(self.directory, doing, seconds)
         if failure:
             raise failure[0]
+        return result[0]
 
     def close(self):
         """Waits for the checkpoint being written and stops Orbax's threads;

@@ -13,6 +13,7 @@ files: its checkpoints (:mod:`~keras_identity.training.checkpoints`,
 """
 
 import json
+import socket
 import warnings
 
 import keras
@@ -21,6 +22,23 @@ from keras_identity import storage
 
 # The inputs of a run (run_identity), its length and backend, in its model_dir.
 RUN_FILE = "run.json"
+
+
+def longest_names(checkpoint_format):
+    """The longest names, relative to ``model_dir``, of the files a run with
+    ``checkpoint_format`` writes (digits of times, steps, processes and
+    hashes as zeros, at their widest): TensorBoard's event files (named with
+    this host, a process number and a time) and the checkpoints' (Orbax's
+    array files, or HDF5's), a checkpoint set aside (``.unread``) included.
+    For a store's limit on an object's name (``storage.check_object_names``)."""
+    host = socket.gethostname()
+    names = [f"tensorboard/validation/events.out.tfevents.{'0' * 10}.{host}.{'0' * 7}.000.v2"]
+    if checkpoint_format == "orbax":
+        names.append(f"checkpoints/ckpt_{'0' * 9}.unread/weights/ocdbt.process_0000/d/"
+                     f"{'0' * 32}")
+    else:
+        names.append(f"checkpoints/ckpt-{'0' * 9}.weights.h5.unread")
+    return names
 
 
 def run_identity(config, data, recipe, schedule, normalization, augmentation):

@@ -29,6 +29,7 @@ from tests.training.test_preemption import _latest
 from tests.training.test_run_files import _config  # the same run as on a local disk
 from tests.programs import LineWatch
 from tests.programs import error_lines
+from tests.programs import run_refusals
 from tests.programs import stop_by_taking_the_lock
 
 FLAGS = ["--model=highway_net", "--depth=10", "--batch_size=32", "--steps_per_epoch=4",
@@ -287,6 +288,34 @@ def test_a_missing_bucket_is_one_line_and_leaves_nothing(gcs_emulator, tmp_path)
     lines = error_lines(refused.stderr)
     assert len(lines) == 1 and "the bucket gs://no-such-bucket-kid does not exist" in lines[0]
     assert _local_files(machine) == []
+
+
+def test_paths_and_settings_a_store_cannot_take_are_refused_before_the_first_step(
+        gcs_emulator, tmp_path):
+    # A newline in --model_dir (in a bucket and on a disk), a run folder
+    # whose files' object names would pass GCS's 1,024 bytes, and a store
+    # timeout that is no bound: each one line, status 2, nothing written.
+    cwd, tmp = _machine(tmp_path, "vm")
+    folder = gcs_emulator("names")
+    deep = folder + "/" + "d" * (1024 - len(folder.split("/", 3)[3]) - 40)
+    cases = [[f"--model_dir={folder}\nx"], [f"--model_dir={tmp_path}/run\nx"],
+             [f"--model_dir={deep}"]]
+    env = _env(gcs_emulator, tmp)
+    results = run_refusals("keras_identity_cli.train",
+                           [FLAGS + ["--train_steps=4"] + case for case in cases], env=env)
+    timeout = run_refusals("keras_identity_cli.train",
+                           [FLAGS + ["--train_steps=4", f"--model_dir={folder}"]],
+                           env=dict(env, KERAS_IDENTITY_STORE_TIMEOUT_S="1e9"))
+    for (code, stderr), expected in zip(results + timeout, [
+            "holds a control character ('\\n' at position", "holds a control character",
+            "is too long for GCS: the run's file '", "KERAS_IDENTITY_STORE_TIMEOUT_"
+            "S='1e9' is past the maximum of 3600 s"]):
+        lines = error_lines(stderr)
+        assert code == 2 and len(lines) == 1 and expected in lines[0], stderr[-3000:]
+        assert "Traceback" not in stderr
+    assert "object named with" in error_lines(results[2][1])[0]
+    assert storage.list_files(folder) == [] if storage.exists(folder) else True
+    assert not (tmp_path / "run\nx").exists()
 
 
 # --- a damaged index in the bucket (tests/training/test_run_files.py's cases) --
@@ -563,12 +592,68 @@ def test_a_store_that_stops_answering_stops_the_run_in_one_line(stalling_gcs_emu
                      lines[0]), lines
 
 
+@pytest.mark.skipif(not ORBAX, reason="Orbax checkpoints (the JAX route's)")
+def test_a_store_that_stops_answering_between_checkpoints_names_the_write_that_stalled(
+        stalling_gcs_emulator, tmp_path):
+    # The store stops answering in the second epoch, after the checkpoint of
+    # step 300 was written in the background: the save of step 600 waits for
+    # that write and confirms its commit by listing the folder, which the
+    # store leaves unanswered.  The line used to name step 300 with an empty
+    # cause ("()": fsspec's FSTimeoutError has no message), after Orbax's
+    # listing had retried for over a minute.
+    import time
+
+    model_dir = stalling_gcs_emulator("between")
+    cwd, tmp = _machine(tmp_path, "between")
+    env = dict(_env(stalling_gcs_emulator, tmp), KERAS_IDENTITY_STORE_TIMEOUT_S="1")
+    proc = subprocess.Popen(_command(model_dir, "--depth=50", "--batch_size=256",
+                                     "--steps_per_epoch=300", "--train_steps=900",
+                                     "--train_examples=15360", "--checkpoint_every=epoch"),
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert LineWatch(proc.stdout, "epoch 1 ").wait(300)
+        time.sleep(3)   # step 300's arrays are written; the second epoch trains
+        stalling_gcs_emulator.stall()
+        stalled_at = time.monotonic()
+        status = proc.wait(timeout=120)
+        waited = time.monotonic() - stalled_at
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 1, stderr[-3000:]
+    _no_tracebacks(stderr)
+    lines = error_lines(stderr)
+    assert len(lines) == 1, stderr[-3000:]
+    folder = f"{model_dir}/checkpoints"
+    # 3 s for a first call that met the stall, 1 s where another (the lock's
+    # lease, a run file) met it first.
+    assert re.match(
+        re.escape(f"error: cannot write the checkpoint of step 600 into {folder} (confirming "
+                  f"the commit of ckpt_000000300, written before: listing {folder} failed: "
+                  f"the store did not answer in ") + r"[13]" + re.escape(
+                  " s (KERAS_IDENTITY_STORE_TIMEOUT_S=1 s a request, retried); check that the "
+                  "bucket answers); the checkpoints written before are intact"), lines[0]), \
+        lines[0]
+    assert waited < 60, waited
+
+
 def test_the_store_timeout_setting_is_checked_in_one_line(monkeypatch):
     monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "soon")
     with pytest.raises(ValueError) as error:
         store_clients.store_timeout()
     assert str(error.value) == ("KERAS_IDENTITY_STORE_TIMEOUT_S='soon' is not a number of "
                                 "seconds; expected a positive number (default 120), or unset it")
+    monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "1e9")   # in effect no bound
+    with pytest.raises(ValueError) as error:
+        store_clients.store_timeout()
+    assert str(error.value) == ("KERAS_IDENTITY_STORE_TIMEOUT_S='1e9' is past the maximum of "
+                                "3600 s a request (a larger bound is no bound on a store that "
+                                "stops answering); expected a positive number up to 3600 "
+                                "(default 120), or unset it")
+    monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "3600")
+    assert store_clients.store_timeout() == store_clients.MAX_STORE_TIMEOUT_S == 3600
     monkeypatch.setenv("KERAS_IDENTITY_STORE_TIMEOUT_S", "2.5")
     assert store_clients.store_timeout() == 2.5
     monkeypatch.delenv("KERAS_IDENTITY_STORE_TIMEOUT_S")
