@@ -71,8 +71,34 @@ def decode_image(data, channels, name="image"):
     except DataError:
         raise
     except Exception as error:  # PIL.UnidentifiedImageError, OSError, ...
+        if image_headers.declared_size(data) is None:   # an empty file, another format
+            raise DataError(f"{name}{NO_IMAGE_HEADER}") from None
         raise DataError(f"{name} is not a readable image ({type(error).__name__}: "
                         f"{first_line(error)}); {EXPECTED_IMAGE}.") from None
+
+
+def conversions(encoded, channels, names):
+    """What decoding the image bytes ``encoded`` (files ``names``) into
+    ``channels`` changes, in words for a dataset's description (empty
+    where nothing): 16-bit PNGs reduced to their high byte, and images of
+    fewer colour channels (grayscale) made into ``channels`` (3)."""
+    sixteen, gray = [], []
+    for data, name in zip(encoded, names):
+        layout = image_headers.declared_layout(data)
+        if layout is None:
+            continue
+        if layout[1] == 16:
+            sixteen.append(name)
+        if channels == 3 and layout[0] < 3:
+            gray.append(name)
+    notes = []
+    for found, what in ((sixteen, "16-bit PNG{} reduced to 8 bits (the high byte)"),
+                        (gray, "grayscale image{} made RGB")):
+        if found:
+            plural = "s" if len(found) > 1 else ""
+            notes.append(f"{len(found):,} {what.format(plural)}: {', '.join(found[:3])}"
+                         f"{', ...' if len(found) > 3 else ''}")
+    return "; ".join(notes)
 
 
 def decode_all(encoded, channels, names, source):

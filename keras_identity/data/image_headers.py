@@ -31,8 +31,8 @@ def _unsigned(data, start, length, little_endian):
     return int.from_bytes(data[start:start + length], "little" if little_endian else "big")
 
 
-def _jpeg_size(data):
-    """``(height, width)`` of the JPEG's frame header, or ``None`` if the
+def _jpeg_frame(data):
+    """Where the JPEG's frame header (SOFn) begins, or ``None`` if the
     markers before it are cut short or broken."""
     i = 2
     while i + 4 <= len(data):
@@ -44,14 +44,19 @@ def _jpeg_size(data):
         elif marker in _JPEG_STANDALONE:
             i += 2
         elif marker in _JPEG_FRAMES:
-            if i + 9 > len(data):
-                return None
-            return _unsigned(data, i + 5, 2, False), _unsigned(data, i + 7, 2, False)
+            return i if i + 10 <= len(data) else None
         elif marker in (0xD9, 0xDA):  # end of image, or scan data before any frame
             return None
         else:
             i += 2 + _unsigned(data, i + 2, 2, False)
     return None
+
+
+def _jpeg_size(data):
+    """``(height, width)`` of the JPEG's frame header, or ``None``."""
+    i = _jpeg_frame(data)
+    return None if i is None else (_unsigned(data, i + 5, 2, False),
+                                   _unsigned(data, i + 7, 2, False))
 
 
 def _gif_size(data):
@@ -102,6 +107,23 @@ def declared_size(data):
         height = _unsigned(data, 22, 4, True)
         height = 2 ** 32 - height if height >= 2 ** 31 else height
         return height, _unsigned(data, 18, 4, True)
+    return None
+
+
+# The channels of a PNG's colour types (gray, RGB, palette, gray + alpha, RGBA).
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
+
+
+def declared_layout(data):
+    """``(channels, bits per sample)`` that the header of a JPEG or PNG
+    declares (a palette PNG: 3 channels of its palette's 8 bits); ``None``
+    for another format, or a header cut short."""
+    data = bytes(data)
+    if data.startswith(b"\xff\xd8"):
+        i = _jpeg_frame(data)
+        return None if i is None else (data[i + 9], data[i + 4])
+    if data.startswith(_PNG) and len(data) >= 26 and data[25] in _PNG_CHANNELS:
+        return _PNG_CHANNELS[data[25]], 8 if data[25] == 3 else data[24]
     return None
 
 

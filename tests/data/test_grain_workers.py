@@ -280,3 +280,30 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path):
         for pid in workers:  # those a failure left behind
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_program_refuses_bad_input_workers_in_one_line_for_an_image_folder(tmp_path):
+    # keras-identity-train on the JAX route, an ImageNet-style folder (files
+    # decoded a batch at a time): -1 and more than 4 a core are one line,
+    # status 2, before anything is built.
+    from tests.programs import error_lines
+    from tests.programs import run_refusals
+
+    root = tmp_path / "folder"
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            os.makedirs(root / split / cls)
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(root / split / cls / "0.jpg")
+    cores = cpu_kernels.cores()
+    common = ["--model=resnet", "--depth=18", "--dataset=imagenet", f"--data_dir={root}",
+              "--batch_size=2", "--train_steps=1", "--verbose=0"]
+    results = run_refusals("keras_identity_cli.train", [
+        common + [f"--input_workers={w}", f"--model_dir={tmp_path / str(w)}"]
+        for w in (-1, 4 * cores + 1)], env={"KERAS_BACKEND": "jax"})
+    expected = ["input_workers=-1 is not valid; expected an integer >= 0.",
+                f"input_workers={4 * cores + 1} is not valid on this machine of {cores} "
+                f"core{'s' if cores != 1 else ''}; expected at most {4 * cores}"]
+    for (code, stderr), words in zip(results, expected):
+        lines = error_lines(stderr)
+        assert code == 2 and len(lines) == 1 and words in lines[0], stderr[-3000:]
+        assert "Traceback" not in stderr

@@ -448,3 +448,77 @@ def test_a_class_link_that_loops_or_points_nowhere_is_refused(tmp_path, target, 
         load_dataset("cifar10", root)
     assert _one_line(error) == (f"{root}: {words}; a split folder holds class folders, or "
                                 f"links to existing folders.")
+
+
+def _small_tree(root, extra=None):
+    """An image-folder tree of 8x8 RGB JPEGs (2 classes, 2 train and 1 test
+    image each) and ``extra``: ``{relative name: bytes}``."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 2), ("test", 1)):
+        for cls in ("cat", "dog"):
+            os.makedirs(root / split / cls, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+                    root / split / cls / f"{i}.jpg")
+    for name, content in (extra or {}).items():
+        (root / name).write_bytes(content)
+    return root
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xd8\xff\xe0garbage" * 10],
+                         ids=["empty", "corrupt"])
+def test_an_empty_or_corrupt_file_is_one_line_naming_it_on_either_route(tmp_path, content):
+    # In memory (a CIFAR-sized folder: TensorFlow's decoder, or Pillow's where
+    # TensorFlow is not installed) and file by file (Pillow's, the JAX
+    # route's threads and workers): the same line, not Pillow's
+    # "cannot identify image file <_io.BytesIO object at 0x...>".
+    root = _small_tree(tmp_path / "tree", {"train/cat/bad.jpg": content})
+    with pytest.raises(DataError) as error:
+        load_dataset("cifar10", str(root))
+    assert str(error.value) == (f"{root}: train/cat/bad.jpg is not a readable image (no JPEG, "
+                                f"PNG, GIF or BMP header); expected a complete JPEG, PNG, GIF "
+                                f"or BMP file.")
+    with pytest.raises(DataError) as error:
+        decode_image(content, 3, name="bad.jpg")
+    assert str(error.value) == ("bad.jpg is not a readable image (no JPEG, PNG, GIF or BMP "
+                                "header); expected a complete JPEG, PNG, GIF or BMP file.")
+
+
+def test_a_truncated_archive_is_one_line(tmp_path):
+    tree = _small_tree(tmp_path / "tree")
+    archive = tmp_path / "cifar.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname="cifar")
+    data = archive.read_bytes()
+    archive.write_bytes(data[:len(data) // 2])
+    with pytest.raises(DataError) as error:
+        load_dataset("cifar10", str(archive))
+    assert str(error.value) == (f"cannot read the archive {archive} (EOFError: Compressed file "
+                                f"ended before the end-of-stream marker was reached); is it "
+                                f"complete?")
+
+
+def test_a_16_bit_png_and_a_grayscale_image_are_converted_and_said_so(tmp_path):
+    # Among 8-bit RGB JPEGs: a 16-bit grayscale PNG (its high byte, made RGB)
+    # and an 8-bit grayscale PNG (made RGB), on either decoder; the dataset's
+    # description (the run's "data ... from" line) says so, its fingerprint
+    # (the run's identity) is the folder's as before.
+    deep = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000 + 7
+    gray = np.arange(64, dtype=np.uint8).reshape(8, 8) * 3
+    buffers = []
+    for array in (deep, gray):
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, format="PNG")
+        buffers.append(buffer.getvalue())
+    assert [image_headers.declared_layout(b) for b in buffers] == [(1, 16), (1, 8)]
+    root = _small_tree(tmp_path / "tree", {"train/cat/deep.png": buffers[0],
+                                           "train/dog/gray.png": buffers[1]})
+    data = load_dataset("cifar10", str(root))
+    assert data.source == (f"{root} (converted: 1 16-bit PNG reduced to 8 bits (the high "
+                           f"byte): train/cat/deep.png; 2 grayscale images made RGB: "
+                           f"train/cat/deep.png, train/dog/gray.png)")
+    assert "converted" not in data.fingerprint
+    names = sorted(os.listdir(root / "train" / "cat")) + sorted(os.listdir(root / "train" / "dog"))
+    pixels = dict(zip(names, data.x_train))
+    np.testing.assert_array_equal(pixels["deep.png"], np.repeat((deep >> 8)[..., None], 3, -1))
+    np.testing.assert_array_equal(pixels["gray.png"], np.repeat(gray[..., None], 3, -1))

@@ -121,9 +121,27 @@ def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(str
     assert len(_losses(model_dir)) == 3
 
 
+@pytest.mark.parametrize("name", ["stopped", "stopped[1]"])
 def test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted(
-        gcs_emulator, straight, tmp_path):
-    model_dir = gcs_emulator("stopped")
+        gcs_emulator, straight, tmp_path, name):
+    # A folder named with glob characters (run[1]) too: fsspec's globbing
+    # calls would take it as a pattern (run1).  Orbax's file layer globs its
+    # paths, so on JAX such a run is refused before its first step, as on a
+    # disk, and leaves nothing in the bucket.
+    model_dir = gcs_emulator(name)
+    if ORBAX and "[" in name:
+        refused = _train(gcs_emulator, _machine(tmp_path, "first"), model_dir,
+                         "--train_steps=12")
+        lines = error_lines(refused.stderr)
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
+        assert "Traceback" not in refused.stderr
+        assert lines[0] == (
+            f"error: '{model_dir}/checkpoints': Orbax checkpoints (the JAX route's) cannot be "
+            f"read back from a path with a bracketed part ('[1]': Orbax's file layer takes it "
+            f"for a glob pattern); give a --model_dir without brackets, or "
+            f"--checkpoint_format=h5")
+        assert not storage.exists(model_dir) or storage.list_files(model_dir) == []
+        return
     cwd, tmp = first = _machine(tmp_path, "first")
     proc = subprocess.Popen(_command(model_dir, "--train_steps=12"), cwd=cwd,
                             env=_env(gcs_emulator, tmp), stdout=subprocess.PIPE,

@@ -401,3 +401,62 @@ def test_temporary_folders_of_steps_passed_are_removed_by_the_lock_holder(tmp_pa
         ["ckpt_000000004", "ckpt_000000009.orbax-checkpoint-tmp"] if locked else
         ["ckpt_000000003.orbax-checkpoint-tmp", "ckpt_000000004",
          "ckpt_000000009.orbax-checkpoint-tmp"])
+
+
+def test_a_run_killed_during_a_background_write_resumes_as_if_uninterrupted(tmp_path):
+    # SIGKILL while Orbax writes a checkpoint's arrays in the background (its
+    # temporary folder present), then the same command: the run resumes from
+    # the checkpoint before, ends with the uninterrupted run's history, and
+    # leaves no temporary folder once it has passed that step.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    def command(model_dir):
+        return [sys.executable, "-m", "keras_identity_cli.train", "--model=highway_net",
+                "--depth=30", "--batch_size=64", "--steps_per_epoch=10",
+                "--train_examples=1280", "--test_examples=96", "--verbose=0", "--seed=3",
+                "--steps_per_execution=1", "--train_steps=40", "--checkpoint_every=2",
+                f"--model_dir={model_dir}"]
+
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    straight = tmp_path / "straight"
+    done = subprocess.run(command(straight), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = tmp_path / "killed"
+    folder = killed / "checkpoints"
+    proc = subprocess.Popen(command(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    caught = None
+    try:
+        deadline = time.monotonic() + 300
+        while caught is None and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                names = []
+            writing = [n for n in names if ".orbax-checkpoint-tmp" in n]
+            if writing and any(n.startswith("ckpt_") and "tmp" not in n for n in names):
+                proc.send_signal(signal.SIGKILL)   # a write in flight, one committed before
+                caught = writing[0]
+            else:
+                time.sleep(0.001)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert caught is not None, "no background write was seen in flight"
+    assert any(".orbax-checkpoint-tmp" in n for n in os.listdir(folder))
+    resumed = subprocess.run(command(killed), cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from the checkpoint at step" in resumed.stdout
+    assert "Traceback" not in resumed.stderr
+    history = [json.loads((run / "history.json").read_text()) for run in (straight, killed)]
+    assert [[row["loss"], row["test_loss"]] for row in history[1]] == \
+        [[row["loss"], row["test_loss"]] for row in history[0]]
+    assert not [n for n in os.listdir(folder) if ".orbax-checkpoint-tmp" in n], \
+        os.listdir(folder)
