@@ -2,7 +2,7 @@
 
 :func:`prepare` resolves a :class:`~keras_identity.training.config.TrainConfig`
 against the machine and the data into a :class:`Run` (the strategy, the data
-and its normalisation, the recipe's schedule, the checkpoint it resumes from,
+and its normalisation, the recipe's plan, the checkpoint it resumes from,
 the run's lock); :func:`train`, what ``keras-identity-train`` runs, builds
 the model, writes the run's files and fits it, resumably.  What they use has
 a module of its own: the configuration (:mod:`config`), the data
@@ -43,10 +43,10 @@ from keras_identity.training import trained_model
 from keras_identity import _cpu_kernels as cpu_kernels
 
 
-def check_global_batch(schedule, strategy):
+def check_global_batch(plan, strategy):
     """The global batch must split evenly over the replicas (devices)."""
-    if schedule.batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(f"batch_size={schedule.batch_size} is not valid with "
+    if plan.batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(f"batch_size={plan.batch_size} is not valid with "
                          f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
 
 
@@ -60,7 +60,7 @@ class Run:
     work_dir: str
     data: object
     recipe: object
-    schedule: object
+    plan: object
     normalization: object
     augmentation: str
     checkpointer: object
@@ -124,24 +124,24 @@ def prepare(config, strategy=None):
                                     f".worker{strategy.cluster_resolver.task_id}")
         data = run_data.load_data(config)
         recipe = config.get_recipe()
-        schedule = recipes_lib.resolve(
+        plan = recipes_lib.resolve(
             recipe, num_train=data.num_train, batch_size=config.batch_size,
             depth=config.resolved_depth, learning_rate=config.learning_rate,
             epochs=config.epochs, train_steps=config.train_steps,
             steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
-        check_global_batch(schedule, strategy)
-        steps.check_stop_at_step(config.stop_at_step, schedule)
-        if data.in_memory and schedule.batch_size > data.num_train:
-            raise ValueError(f"batch_size={schedule.batch_size} is not valid: the training set "
+        check_global_batch(plan, strategy)
+        steps.check_stop_at_step(config.stop_at_step, plan)
+        if data.in_memory and plan.batch_size > data.num_train:
+            raise ValueError(f"batch_size={plan.batch_size} is not valid: the training set "
                              f"has {data.num_train:,} images; expected a global batch no "
                              f"larger than the training set.")
         normalization = run_data.make_normalization(
             config.normalization or recipe.normalization, data)
         augmentation = config.augmentation or recipe.augmentation
         steps_per_execution = steps.resolve_steps_per_execution(
-            config.steps_per_execution, schedule, strategies.is_tpu(strategy))
+            config.steps_per_execution, plan, strategies.is_tpu(strategy))
         steps.check_distributed_step(config.jit_compile, strategy, steps_per_execution)
-        identity = run_files.run_identity(config, data, recipe, schedule, normalization,
+        identity = run_files.run_identity(config, data, recipe, plan, normalization,
                                           augmentation)
         checkpointer = make_checkpointer(config.model_dir, config.resolved_checkpoint_format,
                                          config.keep_checkpoints, identity)
@@ -166,20 +166,20 @@ def prepare(config, strategy=None):
             strategy, -1 if state is None else state["step"],
             f"the latest checkpoint's step in {checkpointer.directory} (-1: none)")
         strategies.check_same_in_processes(
-            strategy, zlib.crc32(json.dumps([identity, schedule.total_steps],
+            strategy, zlib.crc32(json.dumps([identity, plan.total_steps],
                                             sort_keys=True).encode()),
             "the run's inputs (a digest of the flags, the data and the run's length)")
         if state is not None:  # a call never crosses the step it resumes from either
             steps_per_execution = steps.resolve_steps_per_execution(
-                config.steps_per_execution, schedule, strategies.is_tpu(strategy),
+                config.steps_per_execution, plan, strategies.is_tpu(strategy),
                 start_step=state["step"])
         extended_from = None
-        if state is not None and schedule.total_steps < state["step"]:
+        if state is not None and plan.total_steps < state["step"]:
             raise ValueError(f"the run in model_dir={config.model_dir!r} is at step "
-                             f"{state['step']}; this length ({schedule.total_steps} steps) ends "
+                             f"{state['step']}; this length ({plan.total_steps} steps) ends "
                              f"before it. Give --epochs/--train_steps of at least the run's "
                              f"length, or use a new --model_dir.")
-        if length and length.get("total_steps") not in (None, schedule.total_steps):
+        if length and length.get("total_steps") not in (None, plan.total_steps):
             extended_from = length["total_steps"]
     except BaseException as error:
         if lock is not None:
@@ -193,7 +193,7 @@ def prepare(config, strategy=None):
         work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
     storage.makedirs(work_dir)
     return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
-               recipe=recipe, schedule=schedule, normalization=normalization,
+               recipe=recipe, plan=plan, normalization=normalization,
                augmentation=augmentation, checkpointer=checkpointer, state=state,
                identity=identity, extended_from=extended_from,
                previous_backend=saved.get("backend") if state is not None else None,
@@ -222,10 +222,10 @@ def train(config, print_fn=print, strategy=None):
             shutil.rmtree(run.work_dir, ignore_errors=True)
 
 
-def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
+def _build_and_restore(config, strategy, data, normalization, recipe, plan,
                        steps_per_execution, checkpointer, state):
     """The run's model, built for ``data`` and compiled with its optimizer
-    (``recipe``'s, for ``schedule``) in ``strategy``'s scope, where their
+    (``recipe``'s, for ``plan``) in ``strategy``'s scope, where their
     variables are laid out, and the checkpoint ``state`` restored into it
     (``None`` for a new run)."""
     with strategy.scope():
@@ -238,7 +238,7 @@ def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
         # jit_compile would wrap the distributed call in a second one).
         jit_compile = config.jit_compile and not (
             keras.backend.backend() == "tensorflow" and strategies.is_tpu(strategy))
-        optimizer = trained_model.make_optimizer(recipe, schedule,
+        optimizer = trained_model.make_optimizer(recipe, plan,
                                                  *config.momentum_and_decay(recipe))
         trained_model.compile_model(model, optimizer, jit_compile,
                                     steps_per_execution=steps_per_execution)
@@ -254,13 +254,13 @@ def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
     return model, state
 
 
-def _write_run_record(config, data, normalization, identity, schedule):
+def _write_run_record(config, data, normalization, identity, plan):
     """The chief's files that describe the run in ``config.model_dir``:
     ``config.json`` (the flags), ``run.json`` (:mod:`run_files`) and
     ``preprocessing.json`` (what a served model's inputs need)."""
     model_dir = config.model_dir
     storage.write_json(storage.join(model_dir, "config.json"), dataclasses.asdict(config))
-    run_files.write_run_file(model_dir, identity, schedule)
+    run_files.write_run_file(model_dir, identity, plan)
     normalization_lib.save_preprocessing(
         storage.join(model_dir, "preprocessing.json"), dataset=config.dataset,
         normalization=normalization, image_shape=data.image_shape,
@@ -269,12 +269,12 @@ def _write_run_record(config, data, normalization, identity, schedule):
         if config.dataset == "imagenet" else None)
 
 
-def _callbacks(recorder, signals, strategy, schedule, end_step, checkpoint_every,
+def _callbacks(recorder, signals, strategy, plan, end_step, checkpoint_every,
                tensorboard_dir):
     """The run's callbacks, in order (``tensorboard_dir`` None: no TensorBoard logs)."""
     every_steps, every_seconds = preemption.parse_checkpoint_every(checkpoint_every)
     callbacks = [callbacks_lib.StopOnNaN(), recorder]
-    if end_step % schedule.steps_per_epoch:
+    if end_step % plan.steps_per_epoch:
         # The run ends inside an epoch (fit's epochs end the others): a batch
         # hook, which keeps Keras on JAX from running the batch callbacks
         # beside the next step.
@@ -284,11 +284,11 @@ def _callbacks(recorder, signals, strategy, schedule, end_step, checkpoint_every
     # Last: a signal during an epoch's last call or its evaluation stops the
     # run once the epoch's checkpoint and logs are written.
     callbacks.append(preemption.InEpochCheckpoints(
-        strategy, signals, schedule.steps_per_epoch, every_steps, every_seconds))
+        strategy, signals, plan.steps_per_epoch, every_steps, every_seconds))
     return callbacks
 
 
-def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, schedule,
+def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, plan,
                   start_step, end_step, checkpointer, work_dir, verbose, print_fn,
                   metrics=None):
     """Trains from ``start_step`` to ``end_step`` (:func:`preemption.fit_resumable`:
@@ -299,12 +299,12 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, 
     try:
         preemption.fit_resumable(
             model, make_train=make_train, validation_data=eval_ds, callbacks=callbacks,
-            strategy=strategy, steps_per_epoch=schedule.steps_per_epoch,
+            strategy=strategy, steps_per_epoch=plan.steps_per_epoch,
             start_step=start_step, end_step=end_step, checkpointer=recorder.checkpointer,
             history=lambda: recorder.history, state=recorder.epoch_progress,
             verbose=verbose, metrics=metrics, print_fn=print_fn,
             stop_directory=checkpointer.directory)
-        if start_step >= end_step and end_step < schedule.total_steps:
+        if start_step >= end_step and end_step < plan.total_steps:
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         elif start_step >= end_step:
             print_fn(f"the run is already complete ({start_step} steps)")
@@ -325,17 +325,17 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, 
 
 def _train(run, print_fn, started):
     config = run.config
-    strategy, data, recipe, schedule = run.strategy, run.data, run.recipe, run.schedule
+    strategy, data, recipe, plan = run.strategy, run.data, run.recipe, run.plan
     chief, work_dir, checkpointer = run.chief, run.work_dir, run.checkpointer
     normalization, model_dir = run.normalization, config.model_dir
-    model, state = _build_and_restore(config, strategy, data, normalization, recipe, schedule,
+    model, state = _build_and_restore(config, strategy, data, normalization, recipe, plan,
                                       run.steps_per_execution, checkpointer, run.state)
     # Written once the model is built and restored: a refused builder leaves no run behind.
     if chief:
-        _write_run_record(config, data, normalization, run.identity, schedule)
+        _write_run_record(config, data, normalization, run.identity, plan)
 
     start_step = state["step"] if state else 0
-    end_step = steps.stop_step(config.stop_at_step, schedule)
+    end_step = steps.stop_step(config.stop_at_step, plan)
     if start_step % run.steps_per_execution:
         # An older checkpoint than the latest was restored (the latest could
         # not be read): a call must not cross the step it resumes from.
@@ -346,12 +346,12 @@ def _train(run, print_fn, started):
                      if model.steps_per_execution > 1 else "")
     print_fn(f"model {model.name}: {params:,} trainable parameters; data {data.name} from "
              f"{data.source} ({data.num_train:,} train / {data.num_test:,} test images)")
-    print_fn(f"recipe {recipe.name}: global batch {schedule.batch_size}, lr "
-             f"{schedule.learning_rate:g}, {schedule.total_steps:,} steps "
-             f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), "
+    print_fn(f"recipe {recipe.name}: global batch {plan.batch_size}, lr "
+             f"{plan.learning_rate:g}, {plan.total_steps:,} steps "
+             f"({plan.epochs} epochs of {plan.steps_per_epoch}), "
              + (f"lr x{recipe.exponential_decay:g} per epoch" if recipe.schedule ==
-                "exponential" else f"lr drops at {list(schedule.boundaries)}")
-             + f", warm-up {schedule.warmup_steps}; "
+                "exponential" else f"lr drops at {list(plan.boundaries)}")
+             + f", warm-up {plan.warmup_steps}; "
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")
@@ -361,17 +361,17 @@ def _train(run, print_fn, started):
         print_fn(kernels)
     if run.threads:
         print_fn(run.threads)
-    if end_step < schedule.total_steps:
-        print_fn(f"stopping at step {end_step:,} of {schedule.total_steps:,} (--stop_at_step; "
+    if end_step < plan.total_steps:
+        print_fn(f"stopping at step {end_step:,} of {plan.total_steps:,} (--stop_at_step; "
                  f"the same command with a larger one, or without it, continues the run)")
     note = steps.steps_per_execution_note(
-        run.steps_per_execution, config.steps_per_execution, schedule,
+        run.steps_per_execution, config.steps_per_execution, plan,
         strategies.is_tpu(strategy))
     if note:
         print_fn(note)
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} "
-                 f"({preemption.place(start_step, schedule.steps_per_epoch)}) "
+                 f"({preemption.place(start_step, plan.steps_per_epoch)}) "
                  f"in {checkpointer.directory}")
         if run.previous_backend not in (None, keras.backend.backend()):
             print_fn(f"the run was trained on the {run.previous_backend} backend until now; it "
@@ -380,11 +380,11 @@ def _train(run, print_fn, started):
                      f"TensorFlow, NumPy on JAX), random masks and rounding differ)")
     if run.extended_from is not None:
         print_fn(f"the run's length changes from {run.extended_from:,} to "
-                 f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "
-                 f"new length (drops at {list(schedule.boundaries)})")
+                 f"{plan.total_steps:,} steps; the learning-rate schedule is that of the "
+                 f"new length (drops at {list(plan.boundaries)})")
 
     stream_settings = dict(
-        batch_size=schedule.batch_size, normalization=normalization,
+        batch_size=plan.batch_size, normalization=normalization,
         augmentation=run.augmentation, seed=config.seed, eval_crop=config.eval_crop,
         worker_processes=config.input_workers, **strategies.input_placement(strategy))
     _, eval_ds = streams.input_streams(data, training=False, **stream_settings)
@@ -408,20 +408,20 @@ def _train(run, print_fn, started):
         own_checkpointer = run.lock.guard(own_checkpointer)
     recorder = callbacks_lib.RunRecorder(
         checkpointer=own_checkpointer,
-        history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
-        steps_per_epoch=schedule.steps_per_epoch,
+        history=history, global_batch=plan.batch_size, total_steps=plan.total_steps,
+        steps_per_epoch=plan.steps_per_epoch,
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
-        resumed=state if start_step % schedule.steps_per_epoch else None)
+        resumed=state if start_step % plan.steps_per_epoch else None)
     signals = preemption.StopSignals(config.stop_signal)
-    callbacks = _callbacks(recorder, signals, strategy, schedule, end_step,
+    callbacks = _callbacks(recorder, signals, strategy, plan, end_step,
                            config.checkpoint_every,
                            None if run.scratch else storage.join(work_dir, "tensorboard"))
     model_path = storage.join(model_dir, "model.keras")
     try:
         with signals:
             _fit_and_save(model, make_train, eval_ds, callbacks, recorder, strategy=strategy,
-                          schedule=schedule, start_step=start_step, end_step=end_step,
+                          plan=plan, start_step=start_step, end_step=end_step,
                           checkpointer=checkpointer, work_dir=work_dir,
                           verbose=config.verbose if chief else 0, print_fn=print_fn,
                           metrics=(state or {}).get("metrics"))

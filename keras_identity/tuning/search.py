@@ -100,15 +100,15 @@ def _run_search(search, print_fn, cleanup):
         full = run_data.load_data(config)
         data = full.with_validation_split(search.validation_split, seed=config.seed)
         recipe = config.get_recipe()
-        schedule = recipes_lib.resolve(
+        plan = recipes_lib.resolve(
             recipe, num_train=data.num_train, batch_size=config.batch_size,
             depth=config.resolved_depth, learning_rate=config.learning_rate,
             epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
             warmup_steps=config.warmup_steps)
-        trainer.check_global_batch(schedule, strategy)
+        trainer.check_global_batch(plan, strategy)
         normalization = run_data.make_normalization(
             config.normalization or recipe.normalization, data)
-        hypermodel = TrainingHyperModel(config, data, recipe, schedule, space=search.space,
+        hypermodel = TrainingHyperModel(config, data, recipe, plan, space=search.space,
                                         normalization=normalization)
         storage.check_path(config.model_dir)
         fresh = not storage.exists(storage.join(config.model_dir, SEARCH_FILE))
@@ -119,7 +119,7 @@ def _run_search(search, print_fn, cleanup):
         raise ConfigError(str(error)) from None
     placement = strategies.input_placement(strategy)
     train_ds, val_ds = streams.input_streams(
-        data, batch_size=schedule.batch_size, normalization=normalization,
+        data, batch_size=plan.batch_size, normalization=normalization,
         augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
         split="val", worker_processes=config.input_workers, **placement)
     folder = cleanup.enter_context(TunerFolder(config.model_dir))
@@ -139,19 +139,19 @@ def _run_search(search, print_fn, cleanup):
              f"epoch's {search.objective.replace('_', ' ')}) for {config.model} "
              f"{config.resolved_depth or ''} on {data.name}: {data.num_train:,} training / "
              f"{len(data.y_val):,} validation images (the test set is not used), "
-             f"{schedule.epochs} epochs of {schedule.steps_per_epoch} steps per trial; "
+             f"{plan.epochs} epochs of {plan.steps_per_epoch} steps per trial; "
              f"{strategies.describe(strategy)}"
              + (f"; continuing after {done_before} finished trials" if done_before else ""))
     augmentation = config.augmentation or recipe.augmentation
 
     def make_train(step):
         return streams.input_streams(
-            data, batch_size=schedule.batch_size, normalization=normalization,
+            data, batch_size=plan.batch_size, normalization=normalization,
             augmentation=augmentation, seed=config.seed, start_step=step, split="val",
             evaluation=False, worker_processes=config.input_workers, **placement)[0]
 
     signals = preemption.StopSignals(config.stop_signal)
-    hypermodel.progress = TrialProgress(strategy, make_train, schedule.steps_per_epoch,
+    hypermodel.progress = TrialProgress(strategy, make_train, plan.steps_per_epoch,
                                         signals, config.checkpoint_every, print_fn)
     # The signals stay caught until the retraining starts (which catches
     # its own): one that the search acknowledged, at its last trial's last
@@ -165,8 +165,8 @@ def _run_search(search, print_fn, cleanup):
             _keras_tuner_config.DEBUG = False
         try:
             with folder.publishing(), strategies.fit_scope(strategy):
-                tuner.search(train_ds, epochs=schedule.epochs,
-                             steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
+                tuner.search(train_ds, epochs=plan.epochs,
+                             steps_per_epoch=plan.steps_per_epoch, validation_data=val_ds,
                              callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
                              verbose=config.verbose)
         except SearchStopped:

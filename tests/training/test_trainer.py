@@ -429,9 +429,9 @@ def test_a_failed_write_with_no_checkpoint_yet_says_none_was_written(monkeypatch
     checkpointer.intact_step = lambda: checkpoints.Checkpointer.intact_step(checkpointer)
     recorder = types.SimpleNamespace(checkpointer=checkpointer, history=[],
                                      epoch_progress=dict)
-    schedule = types.SimpleNamespace(steps_per_epoch=4, total_steps=8)
+    plan = types.SimpleNamespace(steps_per_epoch=4, total_steps=8)
     with pytest.raises(WriteError) as error:
-        trainer._fit_and_save(None, None, None, [], recorder, strategy=None, schedule=schedule,
+        trainer._fit_and_save(None, None, None, [], recorder, strategy=None, plan=plan,
                               start_step=0, end_step=8, checkpointer=checkpointer,
                               work_dir="run", verbose=0, print_fn=quiet)
     message = str(error.value)
