@@ -22,32 +22,22 @@ import zlib
 
 import keras
 
-from keras_identity import recipes as recipes_lib
 from keras_identity import storage
 from keras_identity.data import errors as data_errors
 from keras_identity.data import normalization as normalization_lib
-from keras_identity.data import streams
 from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import config as config_lib
 from keras_identity.training import cpu_threads
-from keras_identity.training import numerics
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
-from keras_identity.training import run_data
 from keras_identity.training import run_files
 from keras_identity.training import run_lock
+from keras_identity.training import run_setup
 from keras_identity.training import steps
 from keras_identity.training import strategies
 from keras_identity.training import trained_model
 from keras_identity import _cpu_kernels as cpu_kernels
-
-
-def check_global_batch(plan, strategy):
-    """The global batch must split evenly over the replicas (devices)."""
-    if plan.batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(f"batch_size={plan.batch_size} is not valid with "
-                         f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
 
 
 @dataclasses.dataclass
@@ -55,14 +45,9 @@ class Run:
     """A configuration resolved against a machine and a dataset."""
 
     config: config_lib.TrainConfig
-    strategy: object
+    setup: run_setup.RunSetup   # the strategy, data, recipe, plan, streams, signals
     chief: bool
     work_dir: str
-    data: object
-    recipe: object
-    plan: object
-    normalization: object
-    augmentation: str
     checkpointer: object
     state: dict
     identity: dict = None
@@ -76,7 +61,8 @@ class Run:
     def scratch(self):
         """A JAX process other than the first: it saves into a scratch folder
         of its own (``work_dir``, removed at the end), never into model_dir."""
-        return not self.chief and isinstance(self.strategy, strategies.KerasDistribution)
+        return not self.chief and isinstance(self.setup.strategy,
+                                             strategies.KerasDistribution)
 
 
 def make_checkpointer(model_dir, checkpoint_format, keep, identity):
@@ -89,8 +75,9 @@ def make_checkpointer(model_dir, checkpoint_format, keep, identity):
 
 
 def prepare(config, strategy=None):
-    """Validates ``config``, picks the strategy (unless one is given), loads the
-    data and resolves the recipe.  Every problem found here raises
+    """Validates ``config`` and sets the run up (:func:`run_setup.set_up`:
+    the strategy, unless one is given, the data, the recipe resolved), then
+    its files: the run directory, identity and checkpointer.  Every problem found here raises
     :class:`~keras_identity.training.config.ConfigError`.  The chief locks
     ``model_dir`` (a second training there is refused); the caller releases
     ``Run.lock``."""
@@ -103,10 +90,8 @@ def prepare(config, strategy=None):
                 config.intra_op_threads, config.batch_size or config.get_recipe().batch_size,
                 accelerator=strategy is not None or strategies.accelerators_present(
                     config.strategy, config.tpu))
-        numerics.setup_precision_and_seed(config.precision, config.seed,
-                                          config.deterministic)
-        if strategy is None:
-            strategy = strategies.get_strategy(config.strategy, config.tpu)
+        setup = run_setup.set_up(config, strategy)
+        strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
         chief = strategies.is_chief(strategy)
         # Every worker or process saves, as the others do: TensorFlow's other
         # workers into their own folders of model_dir, JAX's other processes
@@ -122,27 +107,16 @@ def prepare(config, strategy=None):
         else:
             work_dir = storage.join(config.model_dir,
                                     f".worker{strategy.cluster_resolver.task_id}")
-        data = run_data.load_data(config)
-        recipe = config.get_recipe()
-        plan = recipes_lib.resolve(
-            recipe, num_train=data.num_train, batch_size=config.batch_size,
-            depth=config.resolved_depth, learning_rate=config.learning_rate,
-            epochs=config.epochs, train_steps=config.train_steps,
-            steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
-        check_global_batch(plan, strategy)
         steps.check_stop_at_step(config.stop_at_step, plan)
         if data.in_memory and plan.batch_size > data.num_train:
             raise ValueError(f"batch_size={plan.batch_size} is not valid: the training set "
                              f"has {data.num_train:,} images; expected a global batch no "
                              f"larger than the training set.")
-        normalization = run_data.make_normalization(
-            config.normalization or recipe.normalization, data)
-        augmentation = config.augmentation or recipe.augmentation
         steps_per_execution = steps.resolve_steps_per_execution(
             config.steps_per_execution, plan, strategies.is_tpu(strategy))
         steps.check_distributed_step(config.jit_compile, strategy, steps_per_execution)
-        identity = run_files.run_identity(config, data, recipe, plan, normalization,
-                                          augmentation)
+        identity = run_files.run_identity(config, data, recipe, plan, setup.normalization,
+                                          setup.augmentation)
         checkpointer = make_checkpointer(config.model_dir, config.resolved_checkpoint_format,
                                          config.keep_checkpoints, identity)
         strategies.check_same_in_processes(
@@ -192,9 +166,8 @@ def prepare(config, strategy=None):
     if work_dir is None:
         work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
     storage.makedirs(work_dir)
-    return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
-               recipe=recipe, plan=plan, normalization=normalization,
-               augmentation=augmentation, checkpointer=checkpointer, state=state,
+    return Run(config=config, setup=setup, chief=chief, work_dir=work_dir,
+               checkpointer=checkpointer, state=state,
                identity=identity, extended_from=extended_from,
                previous_backend=saved.get("backend") if state is not None else None,
                steps_per_execution=steps_per_execution, lock=lock, threads=threads)
@@ -325,9 +298,10 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, 
 
 def _train(run, print_fn, started):
     config = run.config
-    strategy, data, recipe, plan = run.strategy, run.data, run.recipe, run.plan
+    setup = run.setup
+    strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
     chief, work_dir, checkpointer = run.chief, run.work_dir, run.checkpointer
-    normalization, model_dir = run.normalization, config.model_dir
+    normalization, model_dir = setup.normalization, config.model_dir
     model, state = _build_and_restore(config, strategy, data, normalization, recipe, plan,
                                       run.steps_per_execution, checkpointer, run.state)
     # Written once the model is built and restored: a refused builder leaves no run behind.
@@ -383,16 +357,7 @@ def _train(run, print_fn, started):
                  f"{plan.total_steps:,} steps; the learning-rate schedule is that of the "
                  f"new length (drops at {list(plan.boundaries)})")
 
-    stream_settings = dict(
-        batch_size=plan.batch_size, normalization=normalization,
-        augmentation=run.augmentation, seed=config.seed, eval_crop=config.eval_crop,
-        worker_processes=config.input_workers, **strategies.input_placement(strategy))
-    _, eval_ds = streams.input_streams(data, training=False, **stream_settings)
-
-    def make_train(step):
-        return streams.input_streams(data, start_step=step, evaluation=False,
-                                     **stream_settings)[0]
-
+    eval_ds = setup.eval_stream(config.eval_crop)
     if keras.backend.backend() == "tensorflow":
         from keras_identity.training import multi_worker
 
@@ -413,14 +378,14 @@ def _train(run, print_fn, started):
         writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
         resumed=state if start_step % plan.steps_per_epoch else None)
-    signals = preemption.StopSignals(config.stop_signal)
+    signals = setup.signals
     callbacks = _callbacks(recorder, signals, strategy, plan, end_step,
                            config.checkpoint_every,
                            None if run.scratch else storage.join(work_dir, "tensorboard"))
     model_path = storage.join(model_dir, "model.keras")
     try:
         with signals:
-            _fit_and_save(model, make_train, eval_ds, callbacks, recorder, strategy=strategy,
+            _fit_and_save(model, setup.train_stream, eval_ds, callbacks, recorder, strategy=strategy,
                           plan=plan, start_step=start_step, end_step=end_step,
                           checkpointer=checkpointer, work_dir=work_dir,
                           verbose=config.verbose if chief else 0, print_fn=print_fn,

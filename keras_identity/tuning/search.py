@@ -23,13 +23,10 @@ try:  # Keras Tuner's switch that prints each failed trial's traceback
 except ImportError:  # pragma: no cover - another Keras Tuner layout
     _keras_tuner_config = None
 
-from keras_identity import recipes as recipes_lib
 from keras_identity import storage
-from keras_identity.data import streams
 from keras_identity.training import callbacks as callbacks_lib
-from keras_identity.training import numerics
 from keras_identity.training import preemption
-from keras_identity.training import run_data
+from keras_identity.training import run_setup
 from keras_identity.training import strategies
 from keras_identity.training import trainer
 from keras_identity.training.config import ConfigError
@@ -90,38 +87,21 @@ def _run_search(search, print_fn, cleanup):
     search.validate()
     config = search.train
     try:
-        numerics.setup_precision_and_seed(config.precision, config.seed,
-                                          config.deterministic)
-        strategy = strategies.get_strategy(config.strategy, config.tpu)
-        if getattr(strategy, "process_count", 1) > 1:
-            raise ValueError(f"the search runs in one process; this JAX program runs in "
-                             f"{strategy.process_count} processes (train the best values "
-                             f"across processes with keras-identity-train).")
-        full = run_data.load_data(config)
-        data = full.with_validation_split(search.validation_split, seed=config.seed)
-        recipe = config.get_recipe()
-        plan = recipes_lib.resolve(
-            recipe, num_train=data.num_train, batch_size=config.batch_size,
-            depth=config.resolved_depth, learning_rate=config.learning_rate,
-            epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
-            warmup_steps=config.warmup_steps)
-        trainer.check_global_batch(plan, strategy)
-        normalization = run_data.make_normalization(
-            config.normalization or recipe.normalization, data)
+        # Trials train on a validation split of the training set (the test
+        # set unused), in this process alone, for --epochs (validate()).
+        setup = run_setup.set_up(config, validation_split=search.validation_split,
+                                 check_strategy=_one_process)
+        strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
         hypermodel = TrainingHyperModel(config, data, recipe, plan, space=search.space,
-                                        normalization=normalization)
+                                        normalization=setup.normalization)
         storage.check_path(config.model_dir)
         fresh = not storage.exists(storage.join(config.model_dir, SEARCH_FILE))
-        check_same_search(config.model_dir, search_identity(search, full, recipe))
+        check_same_search(config.model_dir, search_identity(search, setup.full_data, recipe))
     except ConfigError:
         raise
     except (ValueError, storage.StorageError) as error:
         raise ConfigError(str(error)) from None
-    placement = strategies.input_placement(strategy)
-    train_ds, val_ds = streams.input_streams(
-        data, batch_size=plan.batch_size, normalization=normalization,
-        augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
-        split="val", worker_processes=config.input_workers, **placement)
+    train_ds, val_ds = setup.train_stream(), setup.eval_stream()
     folder = cleanup.enter_context(TunerFolder(config.model_dir))
     try:  # Keras Tuner builds a first model here: the builder's refusals are one line
         tuner = make_tuner(search, hypermodel, strategy, folder.directory)
@@ -142,16 +122,8 @@ def _run_search(search, print_fn, cleanup):
              f"{plan.epochs} epochs of {plan.steps_per_epoch} steps per trial; "
              f"{strategies.describe(strategy)}"
              + (f"; continuing after {done_before} finished trials" if done_before else ""))
-    augmentation = config.augmentation or recipe.augmentation
-
-    def make_train(step):
-        return streams.input_streams(
-            data, batch_size=plan.batch_size, normalization=normalization,
-            augmentation=augmentation, seed=config.seed, start_step=step, split="val",
-            evaluation=False, worker_processes=config.input_workers, **placement)[0]
-
-    signals = preemption.StopSignals(config.stop_signal)
-    hypermodel.progress = TrialProgress(strategy, make_train, plan.steps_per_epoch,
+    signals = setup.signals
+    hypermodel.progress = TrialProgress(strategy, setup.train_stream, plan.steps_per_epoch,
                                         signals, config.checkpoint_every, print_fn)
     # The signals stay caught until the retraining starts (which catches
     # its own): one that the search acknowledged, at its last trial's last
@@ -257,12 +229,20 @@ def _run_search(search, print_fn, cleanup):
         outcome["model_dir"] = retrain.model_dir
         result["retrain"] = outcome
         print_fn(f"best {describe_values(best)}: test error {100 * outcome['test_error']:.2f}% "
-                 f"(trained on all {full.num_train:,} training images)")
+                 f"(trained on all {setup.full_data.num_train:,} training images)")
         _append(storage.join(config.model_dir, "results.md"),
                 f"\nRetrained with {best} on the whole training set for "
                 f"{retrain.epochs} epochs: test error "
                 f"{100 * outcome['test_error']:.2f}%.\n")
     return result
+
+
+def _one_process(strategy):
+    """A search runs in one process (:func:`run_setup.set_up`'s check)."""
+    if getattr(strategy, "process_count", 1) > 1:
+        raise ValueError(f"the search runs in one process; this JAX program runs in "
+                         f"{strategy.process_count} processes (train the best values "
+                         f"across processes with keras-identity-train).")
 
 
 def _append(path, text):
