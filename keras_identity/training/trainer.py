@@ -25,17 +25,21 @@ import keras
 from keras_identity import storage
 from keras_identity.data import errors as data_errors
 from keras_identity.data import normalization as normalization_lib
-from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import config as config_lib
 from keras_identity.training import cpu_threads
+from keras_identity.training import fit_loop
+from keras_identity.training import in_epoch_checkpoints
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
+from keras_identity.training import recorders
 from keras_identity.training import run_files
 from keras_identity.training import run_lock
 from keras_identity.training import run_setup
 from keras_identity.training import steps
+from keras_identity.training import stop_callbacks
 from keras_identity.training import strategies
+from keras_identity.training import tensorboard_logs
 from keras_identity.training import trained_model
 from keras_identity import _cpu_kernels as cpu_kernels
 
@@ -246,17 +250,17 @@ def _callbacks(recorder, signals, strategy, plan, end_step, checkpoint_every,
                tensorboard_dir):
     """The run's callbacks, in order (``tensorboard_dir`` None: no TensorBoard logs)."""
     every_steps, every_seconds = preemption.parse_checkpoint_every(checkpoint_every)
-    callbacks = [callbacks_lib.StopOnNaN(), recorder]
+    callbacks = [stop_callbacks.StopOnNaN(), recorder]
     if end_step % plan.steps_per_epoch:
         # The run ends inside an epoch (fit's epochs end the others): a batch
         # hook, which keeps Keras on JAX from running the batch callbacks
         # beside the next step.
-        callbacks.insert(1, callbacks_lib.StopAtStep(end_step))
+        callbacks.insert(1, stop_callbacks.StopAtStep(end_step))
     if tensorboard_dir is not None:
-        callbacks += callbacks_lib.tensorboard(tensorboard_dir)
+        callbacks += tensorboard_logs.tensorboard(tensorboard_dir)
     # Last: a signal during an epoch's last call or its evaluation stops the
     # run once the epoch's checkpoint and logs are written.
-    callbacks.append(preemption.InEpochCheckpoints(
+    callbacks.append(in_epoch_checkpoints.InEpochCheckpoints(
         strategy, signals, plan.steps_per_epoch, every_steps, every_seconds))
     return callbacks
 
@@ -264,13 +268,13 @@ def _callbacks(recorder, signals, strategy, plan, end_step, checkpoint_every,
 def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, plan,
                   start_step, end_step, checkpointer, work_dir, verbose, print_fn,
                   metrics=None):
-    """Trains from ``start_step`` to ``end_step`` (:func:`preemption.fit_resumable`:
+    """Trains from ``start_step`` to ``end_step`` (:func:`fit_loop.fit_resumable`:
     checkpoints inside epochs, stop signals) and saves ``model.keras`` into
     ``work_dir``.  ``checkpointer``: the run's (its folder holds the stop
     files); ``metrics``: the metric sums of the checkpoint resumed inside an
     epoch."""
     try:
-        preemption.fit_resumable(
+        fit_loop.fit_resumable(
             model, make_train=make_train, validation_data=eval_ds, callbacks=callbacks,
             strategy=strategy, steps_per_epoch=plan.steps_per_epoch,
             start_step=start_step, end_step=end_step, checkpointer=recorder.checkpointer,
@@ -371,11 +375,11 @@ def _train(run, print_fn, started):
                                  owns_directory=True)
     if run.lock is not None and not strategies.several_processes(strategy):  # lock lost: stop
         own_checkpointer = run.lock.guard(own_checkpointer)
-    recorder = callbacks_lib.RunRecorder(
+    recorder = recorders.RunRecorder(
         checkpointer=own_checkpointer,
         history=history, global_batch=plan.batch_size, total_steps=plan.total_steps,
         steps_per_epoch=plan.steps_per_epoch,
-        writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
+        writer=recorders.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
         resumed=state if start_step % plan.steps_per_epoch else None)
     signals = setup.signals
@@ -394,9 +398,9 @@ def _train(run, print_fn, started):
         # that left early would look dead to the coordination service).
         strategies.barrier(strategy, "keras_identity_training_done")
     finally:
-        preemption.close_stream(eval_ds)
+        fit_loop.close_stream(eval_ds)
         for callback in callbacks:
-            if isinstance(callback, callbacks_lib.UploadLogs):
+            if isinstance(callback, tensorboard_logs.UploadLogs):
                 callback.finish()
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,

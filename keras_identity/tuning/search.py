@@ -24,9 +24,10 @@ except ImportError:  # pragma: no cover - another Keras Tuner layout
     _keras_tuner_config = None
 
 from keras_identity import storage
-from keras_identity.training import callbacks as callbacks_lib
+from keras_identity.training import fit_loop
 from keras_identity.training import preemption
 from keras_identity.training import run_setup
+from keras_identity.training import stop_callbacks
 from keras_identity.training import strategies
 from keras_identity.training import trainer
 from keras_identity.training.config import ConfigError
@@ -157,7 +158,7 @@ def _run_search(search, print_fn, cleanup):
                 _keras_tuner_config.DEBUG = debug
             hypermodel.progress = None
             for stream in (train_ds, val_ds):
-                preemption.close_stream(stream)
+                fit_loop.close_stream(stream)
 
         rows = trial_rows(tuner, search.objective)
         if not rows:
@@ -219,7 +220,7 @@ def _run_search(search, print_fn, cleanup):
                 f"{describe_values(best)} (the search is complete)", "retraining",
                 stopped.signal_name, stopped.step, stopped.epoch, stopped.directory,
                 stopped.saved) from None
-        except callbacks_lib.TrainingDiverged as error:
+        except stop_callbacks.TrainingDiverged as error:
             print_fn(f"the retraining of {describe_values(best)} diverged: {error}")
             result["retrain"] = {"diverged": True, "model_dir": retrain.model_dir}
             _append(storage.join(config.model_dir, "results.md"),

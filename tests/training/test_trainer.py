@@ -419,7 +419,7 @@ def test_a_failed_write_with_no_checkpoint_yet_says_none_was_written(monkeypatch
     def full(*_, **__):  # the disk fills during the first checkpoint's write
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(trainer.preemption, "fit_resumable", full)
+    monkeypatch.setattr(trainer.fit_loop, "fit_resumable", full)
     def newest():
         if latest is OSError:
             raise OSError("the store cannot be reached")

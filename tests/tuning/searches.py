@@ -32,9 +32,9 @@ def stop_at(patch, method, when):
     (once) before the call where ``when(self, *args)`` is true."""
     import signal
 
-    from keras_identity.training import preemption
+    from keras_identity.training import in_epoch_checkpoints
 
-    original = getattr(preemption.InEpochCheckpoints, method)
+    original = getattr(in_epoch_checkpoints.InEpochCheckpoints, method)
     sent = []
 
     def hook(self, *args, **kwargs):
@@ -43,7 +43,7 @@ def stop_at(patch, method, when):
             os.kill(os.getpid(), signal.SIGTERM)
         return original(self, *args, **kwargs)
 
-    patch.setattr(preemption.InEpochCheckpoints, method, hook)
+    patch.setattr(in_epoch_checkpoints.InEpochCheckpoints, method, hook)
     return sent
 
 
