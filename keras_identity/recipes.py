@@ -106,9 +106,8 @@ def get_recipe(name):
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    """A recipe resolved for one run (its plan): concrete step counts, the
-    global batch and the rates (the Keras learning-rate schedule made from it
-    is :func:`keras_identity.training.schedules.from_recipe`'s)."""
+    """A recipe resolved for one run: its step counts, global batch and rates
+    (its learning-rate schedule: :func:`~keras_identity.training.schedules.from_recipe`)."""
 
     learning_rate: float
     total_steps: int
@@ -128,8 +127,8 @@ class RunPlan:
 
 def resolve(recipe, *, num_train, batch_size=None, depth=None, learning_rate=None,
             epochs=None, train_steps=None, steps_per_epoch=None, warmup_steps=None):
-    """Resolves ``recipe`` for a global ``batch_size`` and a training set size:
-    the run's :class:`RunPlan`.
+    """The :class:`RunPlan` of ``recipe`` for a global ``batch_size`` and a
+    training set size.
 
     Flags given explicitly (not ``None``) override the recipe and are not
     rescaled: ``learning_rate`` is the rate at this batch size.

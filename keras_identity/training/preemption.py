@@ -5,13 +5,8 @@ While a run trains, SIGTERM, SIGINT and the signal of ``--stop_signal``
 the step in progress ends, a checkpoint of that step is written, and
 :class:`Stopped` is raised (``keras-identity-train`` prints one line and
 exits with :data:`STOP_STATUS`).  A second signal ends the process at once
-(status 128 + the signal's number), as an unhandled signal would.  A kill
-that gives no warning loses at most ``--checkpoint_every``
-(:func:`parse_checkpoint_every`) of training.
-
-The checkpoints inside an epoch are
-:mod:`~keras_identity.training.in_epoch_checkpoints`'; the loop that writes
-them and raises :class:`Stopped`, :mod:`~keras_identity.training.fit_loop`.
+(status 128 + its number).  The loop that writes the checkpoints (also every
+``--checkpoint_every``) is :mod:`~keras_identity.training.fit_loop`.
 """
 
 import os
@@ -27,8 +22,7 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGINT")
 # What --stop_signal may name (those this platform has).
 OTHER_SIGNALS = tuple(s for s in ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU")
                       if hasattr(signal, s))
-# --checkpoint_every's default: at most this much training is lost to a kill
-# that gives no warning (a signal loses none).
+# --checkpoint_every's default: the most a kill with no warning loses.
 DEFAULT_CHECKPOINT_EVERY = "10m"
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 

@@ -1,15 +1,11 @@
 """One training loop for every model, strategy and precision.
 
-:func:`prepare` resolves a :class:`~keras_identity.training.config.TrainConfig`
-against the machine and the data into a :class:`Run` (the strategy, the data
-and its normalisation, the recipe's plan, the checkpoint it resumes from,
-the run's lock); :func:`train`, what ``keras-identity-train`` runs, builds
-the model, writes the run's files and fits it, resumably.  What they use has
-a module of its own: the configuration (:mod:`config`), the data
-(:mod:`run_data`), the model (:mod:`trained_model`), the steps
-(:mod:`steps`), the run's identity and ``run.json`` (:mod:`run_files`), the
-process-wide numerics (:mod:`numerics`) and the input streams
-(:mod:`keras_identity.data.streams`).
+:func:`prepare` sets a :class:`~keras_identity.training.config.TrainConfig`
+up (:mod:`run_setup`: the strategy, data, plan, streams and stop signals) and
+adds the run's files into a :class:`Run` (its identity, :mod:`run_files`; the
+checkpoint it resumes from; its lock); :func:`train`, what
+``keras-identity-train`` runs, builds the model (:mod:`trained_model`), writes
+the run's files and fits it, resumably (:mod:`fit_loop`).
 """
 
 import dataclasses
@@ -29,7 +25,6 @@ from keras_identity.training import checkpoints
 from keras_identity.training import config as config_lib
 from keras_identity.training import cpu_threads
 from keras_identity.training import fit_loop
-from keras_identity.training import in_epoch_checkpoints
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import recorders
@@ -37,9 +32,7 @@ from keras_identity.training import run_files
 from keras_identity.training import run_lock
 from keras_identity.training import run_setup
 from keras_identity.training import steps
-from keras_identity.training import stop_callbacks
 from keras_identity.training import strategies
-from keras_identity.training import tensorboard_logs
 from keras_identity.training import trained_model
 from keras_identity import _cpu_kernels as cpu_kernels
 
@@ -79,10 +72,10 @@ def make_checkpointer(model_dir, checkpoint_format, keep, identity):
 
 
 def prepare(config, strategy=None):
-    """Validates ``config`` and sets the run up (:func:`run_setup.set_up`:
-    the strategy, unless one is given, the data, the recipe resolved), then
-    its files: the run directory, identity and checkpointer.  Every problem found here raises
-    :class:`~keras_identity.training.config.ConfigError`.  The chief locks
+    """Validates ``config``, sets the run up (:func:`run_setup.set_up`; the
+    strategy unless one is given), then its directory, identity and
+    checkpointer.  Every problem found here raises :class:`ConfigError
+    <keras_identity.training.config.ConfigError>`.  The chief locks
     ``model_dir`` (a second training there is refused); the caller releases
     ``Run.lock``."""
     lock = None
@@ -250,17 +243,17 @@ def _callbacks(recorder, signals, strategy, plan, end_step, checkpoint_every,
                tensorboard_dir):
     """The run's callbacks, in order (``tensorboard_dir`` None: no TensorBoard logs)."""
     every_steps, every_seconds = preemption.parse_checkpoint_every(checkpoint_every)
-    callbacks = [stop_callbacks.StopOnNaN(), recorder]
+    callbacks = [fit_loop.StopOnNaN(), recorder]
     if end_step % plan.steps_per_epoch:
         # The run ends inside an epoch (fit's epochs end the others): a batch
         # hook, which keeps Keras on JAX from running the batch callbacks
         # beside the next step.
-        callbacks.insert(1, stop_callbacks.StopAtStep(end_step))
+        callbacks.insert(1, fit_loop.StopAtStep(end_step))
     if tensorboard_dir is not None:
-        callbacks += tensorboard_logs.tensorboard(tensorboard_dir)
+        callbacks += recorders.tensorboard(tensorboard_dir)
     # Last: a signal during an epoch's last call or its evaluation stops the
     # run once the epoch's checkpoint and logs are written.
-    callbacks.append(in_epoch_checkpoints.InEpochCheckpoints(
+    callbacks.append(fit_loop.InEpochCheckpoints(
         strategy, signals, plan.steps_per_epoch, every_steps, every_seconds))
     return callbacks
 
@@ -382,15 +375,14 @@ def _train(run, print_fn, started):
         writer=recorders.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
         resumed=state if start_step % plan.steps_per_epoch else None)
-    signals = setup.signals
-    callbacks = _callbacks(recorder, signals, strategy, plan, end_step,
+    callbacks = _callbacks(recorder, setup.signals, strategy, plan, end_step,
                            config.checkpoint_every,
                            None if run.scratch else storage.join(work_dir, "tensorboard"))
     model_path = storage.join(model_dir, "model.keras")
     try:
-        with signals:
-            _fit_and_save(model, setup.train_stream, eval_ds, callbacks, recorder, strategy=strategy,
-                          plan=plan, start_step=start_step, end_step=end_step,
+        with setup.signals:
+            _fit_and_save(model, setup.train_stream, eval_ds, callbacks, recorder,
+                          strategy=strategy, plan=plan, start_step=start_step, end_step=end_step,
                           checkpointer=checkpointer, work_dir=work_dir,
                           verbose=config.verbose if chief else 0, print_fn=print_fn,
                           metrics=(state or {}).get("metrics"))
@@ -400,7 +392,7 @@ def _train(run, print_fn, started):
     finally:
         fit_loop.close_stream(eval_ds)
         for callback in callbacks:
-            if isinstance(callback, tensorboard_logs.UploadLogs):
+            if isinstance(callback, recorders.UploadLogs):
                 callback.finish()
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,

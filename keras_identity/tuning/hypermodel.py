@@ -171,8 +171,7 @@ class TrainingHyperModel(keras_tuner.HyperModel):
     Args:
         config: a :class:`TrainConfig` naming the model, dataset and recipe.
         data: the :class:`ImageDataset` the models are built for.
-        recipe, plan: the training recipe of a trial and its
-            :class:`~keras_identity.recipes.RunPlan`.
+        recipe, plan: a trial's recipe and its :class:`~keras_identity.recipes.RunPlan`.
         space: dimension -> tuple of values or :class:`Range`; dimensions are
             ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of highway
             layers), ``learning_rate``, ``momentum``, ``lr_decay``

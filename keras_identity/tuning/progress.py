@@ -10,7 +10,6 @@ import keras
 from keras_identity import storage
 from keras_identity.training import checkpoints
 from keras_identity.training import fit_loop
-from keras_identity.training import in_epoch_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import recorders
 
@@ -83,7 +82,7 @@ class TrialProgress:
                           f"checkpoint at step {start:,}")
         log = recorders.EpochLog(checkpointer, self.steps_per_epoch,
                                   state["history"] if state else ())
-        in_epoch = in_epoch_checkpoints.InEpochCheckpoints(
+        in_epoch = fit_loop.InEpochCheckpoints(
             self.strategy, self.signals, self.steps_per_epoch, self.every_steps,
             self.every_seconds)
         fit_loop.fit_resumable(

@@ -27,7 +27,6 @@ from keras_identity import storage
 from keras_identity.training import fit_loop
 from keras_identity.training import preemption
 from keras_identity.training import run_setup
-from keras_identity.training import stop_callbacks
 from keras_identity.training import strategies
 from keras_identity.training import trainer
 from keras_identity.training.config import ConfigError
@@ -88,8 +87,6 @@ def _run_search(search, print_fn, cleanup):
     search.validate()
     config = search.train
     try:
-        # Trials train on a validation split of the training set (the test
-        # set unused), in this process alone, for --epochs (validate()).
         setup = run_setup.set_up(config, validation_split=search.validation_split,
                                  check_strategy=_one_process)
         strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
@@ -220,7 +217,7 @@ def _run_search(search, print_fn, cleanup):
                 f"{describe_values(best)} (the search is complete)", "retraining",
                 stopped.signal_name, stopped.step, stopped.epoch, stopped.directory,
                 stopped.saved) from None
-        except stop_callbacks.TrainingDiverged as error:
+        except fit_loop.TrainingDiverged as error:
             print_fn(f"the retraining of {describe_values(best)} diverged: {error}")
             result["retrain"] = {"diverged": True, "model_dir": retrain.model_dir}
             _append(storage.join(config.model_dir, "results.md"),
@@ -239,7 +236,6 @@ def _run_search(search, print_fn, cleanup):
 
 
 def _one_process(strategy):
-    """A search runs in one process (:func:`run_setup.set_up`'s check)."""
     if getattr(strategy, "process_count", 1) > 1:
         raise ValueError(f"the search runs in one process; this JAX program runs in "
                          f"{strategy.process_count} processes (train the best values "

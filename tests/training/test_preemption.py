@@ -18,10 +18,10 @@ import pytest
 from keras_identity.training import Stopped
 from keras_identity.training import TrainConfig
 from keras_identity.training import checkpoints
+from keras_identity.training import fit_loop
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import recorders
-from keras_identity.training import stop_callbacks
 from keras_identity.training import train
 from tests.backend import BACKEND
 from tests.backend import backend_neutral
@@ -81,14 +81,14 @@ def straight(tmp_path_factory):
 def _signal_at_step(monkeypatch, step, number=signal.SIGTERM):
     """Sends ``number`` to this process as step ``step`` ends (before the
     next one starts)."""
-    original = stop_callbacks.StopOnNaN.on_train_batch_end
+    original = fit_loop.StopOnNaN.on_train_batch_end
 
     def end(self, batch, logs=None):
         if self.step(batch) == step:
             _send(number)
         return original(self, batch, logs)
 
-    monkeypatch.setattr(stop_callbacks.StopOnNaN, "on_train_batch_end", end)
+    monkeypatch.setattr(fit_loop.StopOnNaN, "on_train_batch_end", end)
 
 
 def _latest(directory):

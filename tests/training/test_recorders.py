@@ -1,15 +1,15 @@
-"""The run's TensorBoard logs (keras_identity.training.tensorboard_logs):
+"""What a run records (keras_identity.training.recorders): TensorBoard
 scalars written without TensorFlow."""
 
 import pytest
 
-from keras_identity.training import tensorboard_logs
+from keras_identity.training import recorders
 
 
 def test_epoch_summaries_write_train_and_validation_scalars(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
-    writer = tensorboard_logs.EpochSummaries(str(tmp_path))
+    writer = recorders.EpochSummaries(str(tmp_path))
     writer.on_epoch_end(0, {"loss": 2.5, "accuracy": 0.25, "val_loss": 2.0,
                             "val_accuracy": 0.5})
     writer.on_epoch_end(1, {"loss": 1.5, "accuracy": 0.5, "val_loss": 1.0,
