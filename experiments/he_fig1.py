@@ -66,7 +66,7 @@ CHECKPOINTS = (25, 50, 100, 200, 300, 400, 600, 800, 1000, 2000, 4000, 8000, 160
                64000, 128000)
 
 
-def schedule():
+def run_plan():
     """The `cifar` recipe resolved for --batch_size and --depth (as the trainer does)."""
     from keras_identity import recipes
 
@@ -112,7 +112,7 @@ def write_report():
     common = sorted(set(r["step"] for r in curves["original"])
                     & set(r["step"] for r in curves["preact"]))
     verdict_text = verdict(curves, seed_curves, common)
-    plan = schedule()
+    plan = run_plan()
     last = common[-1] if common else 0
     summary = (f"ResNet-{FLAGS.depth}, batch {FLAGS.batch_size}, first {last} iterations: "
                f"training loss {loss_at(curves['original'], last):.3f} (original) against "
@@ -212,7 +212,7 @@ def main(argv):
         if FLAGS[name].value % FLAGS.interval:
             _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected a multiple of "
                       f"--interval={FLAGS.interval}", 2)
-    total = schedule().total_steps
+    total = run_plan().total_steps
     if FLAGS.iterations > total:
         _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected at most the "
                   f"schedule's {total:,} iterations at --batch_size={FLAGS.batch_size} (0: "

@@ -105,8 +105,9 @@ def get_recipe(name):
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
-    """A recipe resolved for one run: concrete step counts and rates."""
+class RunPlan:
+    """A recipe resolved for one run: its step counts, global batch and rates
+    (its learning-rate schedule: :func:`~keras_identity.training.schedules.from_recipe`)."""
 
     learning_rate: float
     total_steps: int
@@ -126,7 +127,8 @@ class Schedule:
 
 def resolve(recipe, *, num_train, batch_size=None, depth=None, learning_rate=None,
             epochs=None, train_steps=None, steps_per_epoch=None, warmup_steps=None):
-    """Resolves ``recipe`` for a global ``batch_size`` and a training set size.
+    """The :class:`RunPlan` of ``recipe`` for a global ``batch_size`` and a
+    training set size.
 
     Flags given explicitly (not ``None``) override the recipe and are not
     rescaled: ``learning_rate`` is the rate at this batch size.
@@ -158,7 +160,7 @@ def resolve(recipe, *, num_train, batch_size=None, depth=None, learning_rate=Non
         warmup = round(recipe.large_batch_warmup_epochs * per_epoch)
         warmup_rate, kind = recipe.learning_rate, "linear"
     boundaries = tuple(max(1, round(f * total)) for f in recipe.boundaries)
-    return Schedule(learning_rate=lr, total_steps=total, steps_per_epoch=per_epoch,
+    return RunPlan(learning_rate=lr, total_steps=total, steps_per_epoch=per_epoch,
                     boundaries=boundaries, warmup_steps=min(warmup, total),
                     warmup_rate=warmup_rate, warmup=kind, batch_size=batch, scale=scale,
                     data_epoch_steps=data_epoch)

@@ -7,8 +7,8 @@ from keras_identity.recipes import resolve
 from keras_identity.training import schedules
 
 
-def lr_at(recipe, schedule, steps):
-    rate = schedules.from_recipe(recipe, schedule)
+def lr_at(recipe, plan, steps):
+    rate = schedules.from_recipe(recipe, plan)
     return [float(rate(s)) for s in steps]
 
 

@@ -5,7 +5,7 @@ TF Serving loads a SavedModel version into a TF1-style session (tag
 ``serve``), looks a request's ``signature_name`` up in the SignatureDefs,
 checks each input tensor's dtype against the signature, feeds the tensors
 by their graph names and fetches the outputs.  :class:`ServingEmulator` does
-the same with ``tf.compat.v1``; :mod:`keras_identity.serving.rest` adds the
+the same with ``tf.compat.v1``; :mod:`keras_identity.serving.server` adds the
 REST API's JSON formats on top.
 """
 

@@ -1,7 +1,7 @@
 """Training: the configuration, schedules, the optimizer, strategies and the loop (the
 papers' recipes it runs: :mod:`keras_identity.recipes`)."""
 
-from keras_identity.training.callbacks import TrainingDiverged
+from keras_identity.training.fit_loop import TrainingDiverged
 from keras_identity.training.checkpoints import Checkpointer
 from keras_identity.training.checkpoints import WriteError
 from keras_identity.training.optimizers import MomentumSGD

@@ -41,7 +41,7 @@ def longest_names(checkpoint_format):
     return names
 
 
-def run_identity(config, data, recipe, schedule, normalization, augmentation):
+def run_identity(config, data, recipe, plan, normalization, augmentation):
     """Everything that changes what a training step computes, by flag name.
 
     A ``model_dir`` resumes only with the same identity (:func:`check_identity`,
@@ -53,10 +53,10 @@ def run_identity(config, data, recipe, schedule, normalization, augmentation):
         "model": config.model, "model_kwargs": config.builder_arguments(),
         "dataset": config.dataset, "data_dir": data.fingerprint,
         "train_examples": config.train_examples, "test_examples": config.test_examples,
-        "recipe": recipe.name, "batch_size": schedule.batch_size,
-        "learning_rate": schedule.learning_rate, "momentum": momentum,
+        "recipe": recipe.name, "batch_size": plan.batch_size,
+        "learning_rate": plan.learning_rate, "momentum": momentum,
         "weight_decay": decay, "warmup_steps": config.warmup_steps,
-        "steps_per_epoch": schedule.steps_per_epoch, "normalization": normalization.mode,
+        "steps_per_epoch": plan.steps_per_epoch, "normalization": normalization.mode,
         "augmentation": augmentation, "precision": config.precision, "seed": config.seed,
         "deterministic": config.deterministic, "eval_crop": config.eval_crop,
         "lr_decay": config.lr_decay}
@@ -145,10 +145,10 @@ def check_identity(model_dir, identity, state):
     return saved
 
 
-def write_run_file(model_dir, identity, schedule):
+def write_run_file(model_dir, identity, plan):
     """Writes ``run.json`` into ``model_dir``: the run's ``identity``, its
-    length (``schedule``'s) and the Keras backend that trains it."""
+    length (``plan``'s) and the Keras backend that trains it."""
     storage.write_json(storage.join(model_dir, RUN_FILE), {
         "identity": identity,
-        "length": {"total_steps": schedule.total_steps, "epochs": schedule.epochs},
+        "length": {"total_steps": plan.total_steps, "epochs": plan.epochs},
         "backend": keras.backend.backend()})

@@ -65,12 +65,12 @@ class ExponentialDecay(keras.optimizers.schedules.LearningRateSchedule):
         return dict(base_rate=self.base_rate, decay=self.decay, decay_steps=self.decay_steps)
 
 
-def from_recipe(recipe, schedule):
+def from_recipe(recipe, plan):
     """The Keras ``LearningRateSchedule`` of a recipe (a
     :class:`keras_identity.recipes.Recipe`) resolved for one run
-    (``schedule``, :func:`keras_identity.recipes.resolve`)."""
+    (``plan``, :func:`keras_identity.recipes.resolve`)."""
     if recipe.schedule == "exponential":
-        return ExponentialDecay(schedule.learning_rate, recipe.exponential_decay,
-                                schedule.data_epoch_steps)
-    return WarmupStepDecay(schedule.learning_rate, schedule.boundaries, recipe.decay_factor,
-                           schedule.warmup_steps, schedule.warmup_rate, schedule.warmup)
+        return ExponentialDecay(plan.learning_rate, recipe.exponential_decay,
+                                plan.data_epoch_steps)
+    return WarmupStepDecay(plan.learning_rate, plan.boundaries, recipe.decay_factor,
+                           plan.warmup_steps, plan.warmup_rate, plan.warmup)

@@ -18,17 +18,17 @@ import keras
 from keras_identity.training import strategies
 
 
-def check_stop_at_step(stop_at_step, schedule):
+def check_stop_at_step(stop_at_step, plan):
     """A run stops at a checkpoint: ``stop_at_step`` must end an epoch."""
-    if stop_at_step is not None and stop_at_step % schedule.steps_per_epoch:
+    if stop_at_step is not None and stop_at_step % plan.steps_per_epoch:
         raise ValueError(f"stop_at_step={stop_at_step} is not valid; expected a multiple of "
-                         f"the epoch ({schedule.steps_per_epoch} steps, --steps_per_epoch), "
+                         f"the epoch ({plan.steps_per_epoch} steps, --steps_per_epoch), "
                          f"so that the run stops at a checkpoint.")
 
 
-def stop_step(stop_at_step, schedule):
+def stop_step(stop_at_step, plan):
     """The step this invocation trains to: ``stop_at_step`` within the run's length."""
-    return min(schedule.total_steps, stop_at_step or schedule.total_steps)
+    return min(plan.total_steps, stop_at_step or plan.total_steps)
 
 
 # Training steps per call of the compiled function on a TPU (host round trips
@@ -41,7 +41,7 @@ TPU_STEPS_PER_EXECUTION = 32
 JAX_STEPS_PER_EXECUTION = 16
 
 
-def resolve_steps_per_execution(requested, schedule, tpu, backend=None, start_step=0):
+def resolve_steps_per_execution(requested, plan, tpu, backend=None, start_step=0):
     """Steps per compiled call: ``requested``, or 32 on a TPU, 16 on JAX and
     1 elsewhere (``backend``: Keras's, by default), as a divisor of the epoch,
     of the run's length and of ``start_step``, the step it resumes from (a
@@ -50,7 +50,7 @@ def resolve_steps_per_execution(requested, schedule, tpu, backend=None, start_st
     Raises:
         ValueError: a requested value that does not divide them.
     """
-    total, per_epoch = schedule.total_steps, schedule.steps_per_epoch
+    total, per_epoch = plan.total_steps, plan.steps_per_epoch
     if requested is not None:
         if per_epoch % requested or total % requested:
             raise ValueError(f"steps_per_execution={requested} is not valid: it must divide "
@@ -71,14 +71,14 @@ def resolve_steps_per_execution(requested, schedule, tpu, backend=None, start_st
                if per_epoch % d == 0 and total % d == 0 and start_step % d == 0)
 
 
-def steps_per_execution_note(resolved, requested, schedule, tpu):
+def steps_per_execution_note(resolved, requested, plan, tpu):
     """A line saying why a TPU run makes fewer than 32 steps per compiled
     call (no larger divisor of the epoch and the run), or ``None``."""
     if not tpu or requested is not None or resolved >= TPU_STEPS_PER_EXECUTION:
         return None
     return (f"note: {resolved} step{'s' if resolved > 1 else ''} per execution on the TPU, "
             f"not {TPU_STEPS_PER_EXECUTION}: no larger divisor of the epoch "
-            f"({schedule.steps_per_epoch} steps) and the run ({schedule.total_steps} steps) "
+            f"({plan.steps_per_epoch} steps) and the run ({plan.total_steps} steps) "
             f"is at most {TPU_STEPS_PER_EXECUTION}; a --steps_per_epoch and a run length "
             f"(--train_steps or --epochs) divisible by {TPU_STEPS_PER_EXECUTION} save host "
             f"round trips")

@@ -38,12 +38,12 @@ def build_model(config, data, seed=None, normalization=None):
     return builder.function(**kwargs)
 
 
-def make_optimizer(recipe, schedule, momentum, weight_decay):
+def make_optimizer(recipe, plan, momentum, weight_decay):
     """The run's optimizer: momentum SGD with ``recipe``'s learning-rate
-    schedule resolved for ``schedule``, its ``momentum`` and ``weight_decay``
+    schedule resolved for ``plan`` (the run's), its ``momentum`` and ``weight_decay``
     (:meth:`~keras_identity.training.config.TrainConfig.momentum_and_decay`:
     the flags, else the recipe's)."""
-    return MomentumSGD(schedules.from_recipe(recipe, schedule), momentum=momentum,
+    return MomentumSGD(schedules.from_recipe(recipe, plan), momentum=momentum,
                        nesterov=recipe.nesterov, coupled_weight_decay=weight_decay)
 
 

@@ -1,15 +1,11 @@
 """One training loop for every model, strategy and precision.
 
-:func:`prepare` resolves a :class:`~keras_identity.training.config.TrainConfig`
-against the machine and the data into a :class:`Run` (the strategy, the data
-and its normalisation, the recipe's schedule, the checkpoint it resumes from,
-the run's lock); :func:`train`, what ``keras-identity-train`` runs, builds
-the model, writes the run's files and fits it, resumably.  What they use has
-a module of its own: the configuration (:mod:`config`), the data
-(:mod:`run_data`), the model (:mod:`trained_model`), the steps
-(:mod:`steps`), the run's identity and ``run.json`` (:mod:`run_files`), the
-process-wide numerics (:mod:`numerics`) and the input streams
-(:mod:`keras_identity.data.streams`).
+:func:`prepare` sets a :class:`~keras_identity.training.config.TrainConfig`
+up (:mod:`run_setup`: the strategy, data, plan, streams and stop signals) and
+adds the run's files into a :class:`Run` (its identity, :mod:`run_files`; the
+checkpoint it resumes from; its lock); :func:`train`, what
+``keras-identity-train`` runs, builds the model (:mod:`trained_model`), writes
+the run's files and fits it, resumably (:mod:`fit_loop`).
 """
 
 import dataclasses
@@ -22,32 +18,23 @@ import zlib
 
 import keras
 
-from keras_identity import recipes as recipes_lib
 from keras_identity import storage
 from keras_identity.data import errors as data_errors
 from keras_identity.data import normalization as normalization_lib
-from keras_identity.data import streams
-from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
 from keras_identity.training import config as config_lib
 from keras_identity.training import cpu_threads
-from keras_identity.training import numerics
+from keras_identity.training import fit_loop
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
-from keras_identity.training import run_data
+from keras_identity.training import recorders
 from keras_identity.training import run_files
 from keras_identity.training import run_lock
+from keras_identity.training import run_setup
 from keras_identity.training import steps
 from keras_identity.training import strategies
 from keras_identity.training import trained_model
 from keras_identity import _cpu_kernels as cpu_kernels
-
-
-def check_global_batch(schedule, strategy):
-    """The global batch must split evenly over the replicas (devices)."""
-    if schedule.batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(f"batch_size={schedule.batch_size} is not valid with "
-                         f"{strategy.num_replicas_in_sync} replicas; expected a multiple.")
 
 
 @dataclasses.dataclass
@@ -55,14 +42,9 @@ class Run:
     """A configuration resolved against a machine and a dataset."""
 
     config: config_lib.TrainConfig
-    strategy: object
+    setup: run_setup.RunSetup   # the strategy, data, recipe, plan, streams, signals
     chief: bool
     work_dir: str
-    data: object
-    recipe: object
-    schedule: object
-    normalization: object
-    augmentation: str
     checkpointer: object
     state: dict
     identity: dict = None
@@ -76,7 +58,8 @@ class Run:
     def scratch(self):
         """A JAX process other than the first: it saves into a scratch folder
         of its own (``work_dir``, removed at the end), never into model_dir."""
-        return not self.chief and isinstance(self.strategy, strategies.KerasDistribution)
+        return not self.chief and isinstance(self.setup.strategy,
+                                             strategies.KerasDistribution)
 
 
 def make_checkpointer(model_dir, checkpoint_format, keep, identity):
@@ -89,9 +72,10 @@ def make_checkpointer(model_dir, checkpoint_format, keep, identity):
 
 
 def prepare(config, strategy=None):
-    """Validates ``config``, picks the strategy (unless one is given), loads the
-    data and resolves the recipe.  Every problem found here raises
-    :class:`~keras_identity.training.config.ConfigError`.  The chief locks
+    """Validates ``config``, sets the run up (:func:`run_setup.set_up`; the
+    strategy unless one is given), then its directory, identity and
+    checkpointer.  Every problem found here raises :class:`ConfigError
+    <keras_identity.training.config.ConfigError>`.  The chief locks
     ``model_dir`` (a second training there is refused); the caller releases
     ``Run.lock``."""
     lock = None
@@ -103,10 +87,8 @@ def prepare(config, strategy=None):
                 config.intra_op_threads, config.batch_size or config.get_recipe().batch_size,
                 accelerator=strategy is not None or strategies.accelerators_present(
                     config.strategy, config.tpu))
-        numerics.setup_precision_and_seed(config.precision, config.seed,
-                                          config.deterministic)
-        if strategy is None:
-            strategy = strategies.get_strategy(config.strategy, config.tpu)
+        setup = run_setup.set_up(config, strategy)
+        strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
         chief = strategies.is_chief(strategy)
         # Every worker or process saves, as the others do: TensorFlow's other
         # workers into their own folders of model_dir, JAX's other processes
@@ -122,27 +104,16 @@ def prepare(config, strategy=None):
         else:
             work_dir = storage.join(config.model_dir,
                                     f".worker{strategy.cluster_resolver.task_id}")
-        data = run_data.load_data(config)
-        recipe = config.get_recipe()
-        schedule = recipes_lib.resolve(
-            recipe, num_train=data.num_train, batch_size=config.batch_size,
-            depth=config.resolved_depth, learning_rate=config.learning_rate,
-            epochs=config.epochs, train_steps=config.train_steps,
-            steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
-        check_global_batch(schedule, strategy)
-        steps.check_stop_at_step(config.stop_at_step, schedule)
-        if data.in_memory and schedule.batch_size > data.num_train:
-            raise ValueError(f"batch_size={schedule.batch_size} is not valid: the training set "
+        steps.check_stop_at_step(config.stop_at_step, plan)
+        if data.in_memory and plan.batch_size > data.num_train:
+            raise ValueError(f"batch_size={plan.batch_size} is not valid: the training set "
                              f"has {data.num_train:,} images; expected a global batch no "
                              f"larger than the training set.")
-        normalization = run_data.make_normalization(
-            config.normalization or recipe.normalization, data)
-        augmentation = config.augmentation or recipe.augmentation
         steps_per_execution = steps.resolve_steps_per_execution(
-            config.steps_per_execution, schedule, strategies.is_tpu(strategy))
+            config.steps_per_execution, plan, strategies.is_tpu(strategy))
         steps.check_distributed_step(config.jit_compile, strategy, steps_per_execution)
-        identity = run_files.run_identity(config, data, recipe, schedule, normalization,
-                                          augmentation)
+        identity = run_files.run_identity(config, data, recipe, plan, setup.normalization,
+                                          setup.augmentation)
         checkpointer = make_checkpointer(config.model_dir, config.resolved_checkpoint_format,
                                          config.keep_checkpoints, identity)
         strategies.check_same_in_processes(
@@ -166,20 +137,20 @@ def prepare(config, strategy=None):
             strategy, -1 if state is None else state["step"],
             f"the latest checkpoint's step in {checkpointer.directory} (-1: none)")
         strategies.check_same_in_processes(
-            strategy, zlib.crc32(json.dumps([identity, schedule.total_steps],
+            strategy, zlib.crc32(json.dumps([identity, plan.total_steps],
                                             sort_keys=True).encode()),
             "the run's inputs (a digest of the flags, the data and the run's length)")
         if state is not None:  # a call never crosses the step it resumes from either
             steps_per_execution = steps.resolve_steps_per_execution(
-                config.steps_per_execution, schedule, strategies.is_tpu(strategy),
+                config.steps_per_execution, plan, strategies.is_tpu(strategy),
                 start_step=state["step"])
         extended_from = None
-        if state is not None and schedule.total_steps < state["step"]:
+        if state is not None and plan.total_steps < state["step"]:
             raise ValueError(f"the run in model_dir={config.model_dir!r} is at step "
-                             f"{state['step']}; this length ({schedule.total_steps} steps) ends "
+                             f"{state['step']}; this length ({plan.total_steps} steps) ends "
                              f"before it. Give --epochs/--train_steps of at least the run's "
                              f"length, or use a new --model_dir.")
-        if length and length.get("total_steps") not in (None, schedule.total_steps):
+        if length and length.get("total_steps") not in (None, plan.total_steps):
             extended_from = length["total_steps"]
     except BaseException as error:
         if lock is not None:
@@ -192,9 +163,8 @@ def prepare(config, strategy=None):
     if work_dir is None:
         work_dir = tempfile.mkdtemp(prefix=f"keras_identity_process{strategy.process_index}_")
     storage.makedirs(work_dir)
-    return Run(config=config, strategy=strategy, chief=chief, work_dir=work_dir, data=data,
-               recipe=recipe, schedule=schedule, normalization=normalization,
-               augmentation=augmentation, checkpointer=checkpointer, state=state,
+    return Run(config=config, setup=setup, chief=chief, work_dir=work_dir,
+               checkpointer=checkpointer, state=state,
                identity=identity, extended_from=extended_from,
                previous_backend=saved.get("backend") if state is not None else None,
                steps_per_execution=steps_per_execution, lock=lock, threads=threads)
@@ -222,10 +192,10 @@ def train(config, print_fn=print, strategy=None):
             shutil.rmtree(run.work_dir, ignore_errors=True)
 
 
-def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
+def _build_and_restore(config, strategy, data, normalization, recipe, plan,
                        steps_per_execution, checkpointer, state):
     """The run's model, built for ``data`` and compiled with its optimizer
-    (``recipe``'s, for ``schedule``) in ``strategy``'s scope, where their
+    (``recipe``'s, for ``plan``) in ``strategy``'s scope, where their
     variables are laid out, and the checkpoint ``state`` restored into it
     (``None`` for a new run)."""
     with strategy.scope():
@@ -238,7 +208,7 @@ def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
         # jit_compile would wrap the distributed call in a second one).
         jit_compile = config.jit_compile and not (
             keras.backend.backend() == "tensorflow" and strategies.is_tpu(strategy))
-        optimizer = trained_model.make_optimizer(recipe, schedule,
+        optimizer = trained_model.make_optimizer(recipe, plan,
                                                  *config.momentum_and_decay(recipe))
         trained_model.compile_model(model, optimizer, jit_compile,
                                     steps_per_execution=steps_per_execution)
@@ -254,13 +224,13 @@ def _build_and_restore(config, strategy, data, normalization, recipe, schedule,
     return model, state
 
 
-def _write_run_record(config, data, normalization, identity, schedule):
+def _write_run_record(config, data, normalization, identity, plan):
     """The chief's files that describe the run in ``config.model_dir``:
     ``config.json`` (the flags), ``run.json`` (:mod:`run_files`) and
     ``preprocessing.json`` (what a served model's inputs need)."""
     model_dir = config.model_dir
     storage.write_json(storage.join(model_dir, "config.json"), dataclasses.asdict(config))
-    run_files.write_run_file(model_dir, identity, schedule)
+    run_files.write_run_file(model_dir, identity, plan)
     normalization_lib.save_preprocessing(
         storage.join(model_dir, "preprocessing.json"), dataset=config.dataset,
         normalization=normalization, image_shape=data.image_shape,
@@ -269,42 +239,42 @@ def _write_run_record(config, data, normalization, identity, schedule):
         if config.dataset == "imagenet" else None)
 
 
-def _callbacks(recorder, signals, strategy, schedule, end_step, checkpoint_every,
+def _callbacks(recorder, signals, strategy, plan, end_step, checkpoint_every,
                tensorboard_dir):
     """The run's callbacks, in order (``tensorboard_dir`` None: no TensorBoard logs)."""
     every_steps, every_seconds = preemption.parse_checkpoint_every(checkpoint_every)
-    callbacks = [callbacks_lib.StopOnNaN(), recorder]
-    if end_step % schedule.steps_per_epoch:
+    callbacks = [fit_loop.StopOnNaN(), recorder]
+    if end_step % plan.steps_per_epoch:
         # The run ends inside an epoch (fit's epochs end the others): a batch
         # hook, which keeps Keras on JAX from running the batch callbacks
         # beside the next step.
-        callbacks.insert(1, callbacks_lib.StopAtStep(end_step))
+        callbacks.insert(1, fit_loop.StopAtStep(end_step))
     if tensorboard_dir is not None:
-        callbacks += callbacks_lib.tensorboard(tensorboard_dir)
+        callbacks += recorders.tensorboard(tensorboard_dir)
     # Last: a signal during an epoch's last call or its evaluation stops the
     # run once the epoch's checkpoint and logs are written.
-    callbacks.append(preemption.InEpochCheckpoints(
-        strategy, signals, schedule.steps_per_epoch, every_steps, every_seconds))
+    callbacks.append(fit_loop.InEpochCheckpoints(
+        strategy, signals, plan.steps_per_epoch, every_steps, every_seconds))
     return callbacks
 
 
-def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, schedule,
+def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, plan,
                   start_step, end_step, checkpointer, work_dir, verbose, print_fn,
                   metrics=None):
-    """Trains from ``start_step`` to ``end_step`` (:func:`preemption.fit_resumable`:
+    """Trains from ``start_step`` to ``end_step`` (:func:`fit_loop.fit_resumable`:
     checkpoints inside epochs, stop signals) and saves ``model.keras`` into
     ``work_dir``.  ``checkpointer``: the run's (its folder holds the stop
     files); ``metrics``: the metric sums of the checkpoint resumed inside an
     epoch."""
     try:
-        preemption.fit_resumable(
+        fit_loop.fit_resumable(
             model, make_train=make_train, validation_data=eval_ds, callbacks=callbacks,
-            strategy=strategy, steps_per_epoch=schedule.steps_per_epoch,
+            strategy=strategy, steps_per_epoch=plan.steps_per_epoch,
             start_step=start_step, end_step=end_step, checkpointer=recorder.checkpointer,
             history=lambda: recorder.history, state=recorder.epoch_progress,
             verbose=verbose, metrics=metrics, print_fn=print_fn,
             stop_directory=checkpointer.directory)
-        if start_step >= end_step and end_step < schedule.total_steps:
+        if start_step >= end_step and end_step < plan.total_steps:
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         elif start_step >= end_step:
             print_fn(f"the run is already complete ({start_step} steps)")
@@ -325,17 +295,18 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, 
 
 def _train(run, print_fn, started):
     config = run.config
-    strategy, data, recipe, schedule = run.strategy, run.data, run.recipe, run.schedule
+    setup = run.setup
+    strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
     chief, work_dir, checkpointer = run.chief, run.work_dir, run.checkpointer
-    normalization, model_dir = run.normalization, config.model_dir
-    model, state = _build_and_restore(config, strategy, data, normalization, recipe, schedule,
+    normalization, model_dir = setup.normalization, config.model_dir
+    model, state = _build_and_restore(config, strategy, data, normalization, recipe, plan,
                                       run.steps_per_execution, checkpointer, run.state)
     # Written once the model is built and restored: a refused builder leaves no run behind.
     if chief:
-        _write_run_record(config, data, normalization, run.identity, schedule)
+        _write_run_record(config, data, normalization, run.identity, plan)
 
     start_step = state["step"] if state else 0
-    end_step = steps.stop_step(config.stop_at_step, schedule)
+    end_step = steps.stop_step(config.stop_at_step, plan)
     if start_step % run.steps_per_execution:
         # An older checkpoint than the latest was restored (the latest could
         # not be read): a call must not cross the step it resumes from.
@@ -346,12 +317,12 @@ def _train(run, print_fn, started):
                      if model.steps_per_execution > 1 else "")
     print_fn(f"model {model.name}: {params:,} trainable parameters; data {data.name} from "
              f"{data.source} ({data.num_train:,} train / {data.num_test:,} test images)")
-    print_fn(f"recipe {recipe.name}: global batch {schedule.batch_size}, lr "
-             f"{schedule.learning_rate:g}, {schedule.total_steps:,} steps "
-             f"({schedule.epochs} epochs of {schedule.steps_per_epoch}), "
+    print_fn(f"recipe {recipe.name}: global batch {plan.batch_size}, lr "
+             f"{plan.learning_rate:g}, {plan.total_steps:,} steps "
+             f"({plan.epochs} epochs of {plan.steps_per_epoch}), "
              + (f"lr x{recipe.exponential_decay:g} per epoch" if recipe.schedule ==
-                "exponential" else f"lr drops at {list(schedule.boundaries)}")
-             + f", warm-up {schedule.warmup_steps}; "
+                "exponential" else f"lr drops at {list(plan.boundaries)}")
+             + f", warm-up {plan.warmup_steps}; "
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
              f"{keras.backend.backend()}")
@@ -361,17 +332,17 @@ def _train(run, print_fn, started):
         print_fn(kernels)
     if run.threads:
         print_fn(run.threads)
-    if end_step < schedule.total_steps:
-        print_fn(f"stopping at step {end_step:,} of {schedule.total_steps:,} (--stop_at_step; "
+    if end_step < plan.total_steps:
+        print_fn(f"stopping at step {end_step:,} of {plan.total_steps:,} (--stop_at_step; "
                  f"the same command with a larger one, or without it, continues the run)")
     note = steps.steps_per_execution_note(
-        run.steps_per_execution, config.steps_per_execution, schedule,
+        run.steps_per_execution, config.steps_per_execution, plan,
         strategies.is_tpu(strategy))
     if note:
         print_fn(note)
     if state:
         print_fn(f"resuming from the checkpoint at step {start_step} "
-                 f"({preemption.place(start_step, schedule.steps_per_epoch)}) "
+                 f"({preemption.place(start_step, plan.steps_per_epoch)}) "
                  f"in {checkpointer.directory}")
         if run.previous_backend not in (None, keras.backend.backend()):
             print_fn(f"the run was trained on the {run.previous_backend} backend until now; it "
@@ -380,19 +351,10 @@ def _train(run, print_fn, started):
                      f"TensorFlow, NumPy on JAX), random masks and rounding differ)")
     if run.extended_from is not None:
         print_fn(f"the run's length changes from {run.extended_from:,} to "
-                 f"{schedule.total_steps:,} steps; the learning-rate schedule is that of the "
-                 f"new length (drops at {list(schedule.boundaries)})")
+                 f"{plan.total_steps:,} steps; the learning-rate schedule is that of the "
+                 f"new length (drops at {list(plan.boundaries)})")
 
-    stream_settings = dict(
-        batch_size=schedule.batch_size, normalization=normalization,
-        augmentation=run.augmentation, seed=config.seed, eval_crop=config.eval_crop,
-        worker_processes=config.input_workers, **strategies.input_placement(strategy))
-    _, eval_ds = streams.input_streams(data, training=False, **stream_settings)
-
-    def make_train(step):
-        return streams.input_streams(data, start_step=step, evaluation=False,
-                                     **stream_settings)[0]
-
+    eval_ds = setup.eval_stream(config.eval_crop)
     if keras.backend.backend() == "tensorflow":
         from keras_identity.training import multi_worker
 
@@ -406,22 +368,21 @@ def _train(run, print_fn, started):
                                  owns_directory=True)
     if run.lock is not None and not strategies.several_processes(strategy):  # lock lost: stop
         own_checkpointer = run.lock.guard(own_checkpointer)
-    recorder = callbacks_lib.RunRecorder(
+    recorder = recorders.RunRecorder(
         checkpointer=own_checkpointer,
-        history=history, global_batch=schedule.batch_size, total_steps=schedule.total_steps,
-        steps_per_epoch=schedule.steps_per_epoch,
-        writer=callbacks_lib.history_writer(model_dir, title) if chief else None,
+        history=history, global_batch=plan.batch_size, total_steps=plan.total_steps,
+        steps_per_epoch=plan.steps_per_epoch,
+        writer=recorders.history_writer(model_dir, title) if chief else None,
         title=title, print_fn=print_fn if chief else (lambda *_: None),
-        resumed=state if start_step % schedule.steps_per_epoch else None)
-    signals = preemption.StopSignals(config.stop_signal)
-    callbacks = _callbacks(recorder, signals, strategy, schedule, end_step,
+        resumed=state if start_step % plan.steps_per_epoch else None)
+    callbacks = _callbacks(recorder, setup.signals, strategy, plan, end_step,
                            config.checkpoint_every,
                            None if run.scratch else storage.join(work_dir, "tensorboard"))
     model_path = storage.join(model_dir, "model.keras")
     try:
-        with signals:
-            _fit_and_save(model, make_train, eval_ds, callbacks, recorder, strategy=strategy,
-                          schedule=schedule, start_step=start_step, end_step=end_step,
+        with setup.signals:
+            _fit_and_save(model, setup.train_stream, eval_ds, callbacks, recorder,
+                          strategy=strategy, plan=plan, start_step=start_step, end_step=end_step,
                           checkpointer=checkpointer, work_dir=work_dir,
                           verbose=config.verbose if chief else 0, print_fn=print_fn,
                           metrics=(state or {}).get("metrics"))
@@ -429,9 +390,9 @@ def _train(run, print_fn, started):
         # that left early would look dead to the coordination service).
         strategies.barrier(strategy, "keras_identity_training_done")
     finally:
-        preemption.close_stream(eval_ds)
+        fit_loop.close_stream(eval_ds)
         for callback in callbacks:
-            if isinstance(callback, callbacks_lib.UploadLogs):
+            if isinstance(callback, recorders.UploadLogs):
                 callback.finish()
     history = recorder.history
     result = {"model_dir": model_dir, "model_path": model_path,

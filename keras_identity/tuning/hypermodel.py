@@ -171,7 +171,7 @@ class TrainingHyperModel(keras_tuner.HyperModel):
     Args:
         config: a :class:`TrainConfig` naming the model, dataset and recipe.
         data: the :class:`ImageDataset` the models are built for.
-        recipe, schedule: the resolved training recipe of a trial.
+        recipe, plan: a trial's recipe and its :class:`~keras_identity.recipes.RunPlan`.
         space: dimension -> tuple of values or :class:`Range`; dimensions are
             ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of highway
             layers), ``learning_rate``, ``momentum``, ``lr_decay``
@@ -182,7 +182,7 @@ class TrainingHyperModel(keras_tuner.HyperModel):
             model includes it and takes pixel values.
     """
 
-    def __init__(self, config, data, recipe, schedule, space=None, normalization=None,
+    def __init__(self, config, data, recipe, plan, space=None, normalization=None,
                  **kwargs):
         super().__init__(**kwargs)
         space = {"gate_bias_init": DEFAULT_GATE_BIASES} if space is None else dict(space)
@@ -194,7 +194,7 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         self.config = config
         self.data = data
         self.recipe = recipe
-        self.schedule = schedule
+        self.plan = plan
         self.normalization = normalization
         self.space = {name: dimension_values(name, space[name]) for name in DIMENSIONS
                       if isinstance(space.get(name), Range) or space.get(name)}
@@ -229,13 +229,13 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         dtype policy)."""
         config = self.trial_config(hp)
         numerics.setup_precision_and_seed(config.precision, config.seed, config.deterministic)
-        schedule = self.schedule
+        plan = self.plan
         if config.learning_rate is not None:
-            schedule = dataclasses.replace(schedule, learning_rate=config.learning_rate)
+            plan = dataclasses.replace(plan, learning_rate=config.learning_rate)
         model = trained_model.build_model(config, self.data, seed=config.seed,
                                           normalization=self.normalization)
         recipe = config.get_recipe()
-        optimizer = trained_model.make_optimizer(recipe, schedule,
+        optimizer = trained_model.make_optimizer(recipe, plan,
                                                  *config.momentum_and_decay(recipe))
         return trained_model.compile_model(model, optimizer, config.jit_compile)
 

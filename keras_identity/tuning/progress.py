@@ -9,7 +9,9 @@ import keras
 
 from keras_identity import storage
 from keras_identity.training import checkpoints
+from keras_identity.training import fit_loop
 from keras_identity.training import preemption
+from keras_identity.training import recorders
 
 
 class SearchStopped(preemption.Stopped):
@@ -78,12 +80,12 @@ class TrialProgress:
         if state:
             self.print_fn(f"trial {storage.basename(self.directory)} resumes from its "
                           f"checkpoint at step {start:,}")
-        log = preemption.EpochLog(checkpointer, self.steps_per_epoch,
+        log = recorders.EpochLog(checkpointer, self.steps_per_epoch,
                                   state["history"] if state else ())
-        in_epoch = preemption.InEpochCheckpoints(
+        in_epoch = fit_loop.InEpochCheckpoints(
             self.strategy, self.signals, self.steps_per_epoch, self.every_steps,
             self.every_seconds)
-        preemption.fit_resumable(
+        fit_loop.fit_resumable(
             model, make_train=self.make_train, validation_data=validation_data,
             callbacks=[*callbacks, log, in_epoch], strategy=self.strategy,
             steps_per_epoch=self.steps_per_epoch, start_step=start,
@@ -105,7 +107,7 @@ class TrialProgress:
         try:
             history = fit(hp, model, stream, *args[1:], **kwargs)
         finally:
-            preemption.close_stream(stream)
+            fit_loop.close_stream(stream)
         if stop.stopped is not None:
             epoch = -(-stop.stopped // self.steps_per_epoch)
             raise SearchStopped(

@@ -23,13 +23,10 @@ try:  # Keras Tuner's switch that prints each failed trial's traceback
 except ImportError:  # pragma: no cover - another Keras Tuner layout
     _keras_tuner_config = None
 
-from keras_identity import recipes as recipes_lib
 from keras_identity import storage
-from keras_identity.data import streams
-from keras_identity.training import callbacks as callbacks_lib
-from keras_identity.training import numerics
+from keras_identity.training import fit_loop
 from keras_identity.training import preemption
-from keras_identity.training import run_data
+from keras_identity.training import run_setup
 from keras_identity.training import strategies
 from keras_identity.training import trainer
 from keras_identity.training.config import ConfigError
@@ -90,38 +87,19 @@ def _run_search(search, print_fn, cleanup):
     search.validate()
     config = search.train
     try:
-        numerics.setup_precision_and_seed(config.precision, config.seed,
-                                          config.deterministic)
-        strategy = strategies.get_strategy(config.strategy, config.tpu)
-        if getattr(strategy, "process_count", 1) > 1:
-            raise ValueError(f"the search runs in one process; this JAX program runs in "
-                             f"{strategy.process_count} processes (train the best values "
-                             f"across processes with keras-identity-train).")
-        full = run_data.load_data(config)
-        data = full.with_validation_split(search.validation_split, seed=config.seed)
-        recipe = config.get_recipe()
-        schedule = recipes_lib.resolve(
-            recipe, num_train=data.num_train, batch_size=config.batch_size,
-            depth=config.resolved_depth, learning_rate=config.learning_rate,
-            epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
-            warmup_steps=config.warmup_steps)
-        trainer.check_global_batch(schedule, strategy)
-        normalization = run_data.make_normalization(
-            config.normalization or recipe.normalization, data)
-        hypermodel = TrainingHyperModel(config, data, recipe, schedule, space=search.space,
-                                        normalization=normalization)
+        setup = run_setup.set_up(config, validation_split=search.validation_split,
+                                 check_strategy=_one_process)
+        strategy, data, recipe, plan = setup.strategy, setup.data, setup.recipe, setup.plan
+        hypermodel = TrainingHyperModel(config, data, recipe, plan, space=search.space,
+                                        normalization=setup.normalization)
         storage.check_path(config.model_dir)
         fresh = not storage.exists(storage.join(config.model_dir, SEARCH_FILE))
-        check_same_search(config.model_dir, search_identity(search, full, recipe))
+        check_same_search(config.model_dir, search_identity(search, setup.full_data, recipe))
     except ConfigError:
         raise
     except (ValueError, storage.StorageError) as error:
         raise ConfigError(str(error)) from None
-    placement = strategies.input_placement(strategy)
-    train_ds, val_ds = streams.input_streams(
-        data, batch_size=schedule.batch_size, normalization=normalization,
-        augmentation=config.augmentation or recipe.augmentation, seed=config.seed,
-        split="val", worker_processes=config.input_workers, **placement)
+    train_ds, val_ds = setup.train_stream(), setup.eval_stream()
     folder = cleanup.enter_context(TunerFolder(config.model_dir))
     try:  # Keras Tuner builds a first model here: the builder's refusals are one line
         tuner = make_tuner(search, hypermodel, strategy, folder.directory)
@@ -139,19 +117,11 @@ def _run_search(search, print_fn, cleanup):
              f"epoch's {search.objective.replace('_', ' ')}) for {config.model} "
              f"{config.resolved_depth or ''} on {data.name}: {data.num_train:,} training / "
              f"{len(data.y_val):,} validation images (the test set is not used), "
-             f"{schedule.epochs} epochs of {schedule.steps_per_epoch} steps per trial; "
+             f"{plan.epochs} epochs of {plan.steps_per_epoch} steps per trial; "
              f"{strategies.describe(strategy)}"
              + (f"; continuing after {done_before} finished trials" if done_before else ""))
-    augmentation = config.augmentation or recipe.augmentation
-
-    def make_train(step):
-        return streams.input_streams(
-            data, batch_size=schedule.batch_size, normalization=normalization,
-            augmentation=augmentation, seed=config.seed, start_step=step, split="val",
-            evaluation=False, worker_processes=config.input_workers, **placement)[0]
-
-    signals = preemption.StopSignals(config.stop_signal)
-    hypermodel.progress = TrialProgress(strategy, make_train, schedule.steps_per_epoch,
+    signals = setup.signals
+    hypermodel.progress = TrialProgress(strategy, setup.train_stream, plan.steps_per_epoch,
                                         signals, config.checkpoint_every, print_fn)
     # The signals stay caught until the retraining starts (which catches
     # its own): one that the search acknowledged, at its last trial's last
@@ -165,8 +135,8 @@ def _run_search(search, print_fn, cleanup):
             _keras_tuner_config.DEBUG = False
         try:
             with folder.publishing(), strategies.fit_scope(strategy):
-                tuner.search(train_ds, epochs=schedule.epochs,
-                             steps_per_epoch=schedule.steps_per_epoch, validation_data=val_ds,
+                tuner.search(train_ds, epochs=plan.epochs,
+                             steps_per_epoch=plan.steps_per_epoch, validation_data=val_ds,
                              callbacks=[keras.callbacks.TerminateOnNaN()], shuffle=False,
                              verbose=config.verbose)
         except SearchStopped:
@@ -185,7 +155,7 @@ def _run_search(search, print_fn, cleanup):
                 _keras_tuner_config.DEBUG = debug
             hypermodel.progress = None
             for stream in (train_ds, val_ds):
-                preemption.close_stream(stream)
+                fit_loop.close_stream(stream)
 
         rows = trial_rows(tuner, search.objective)
         if not rows:
@@ -247,7 +217,7 @@ def _run_search(search, print_fn, cleanup):
                 f"{describe_values(best)} (the search is complete)", "retraining",
                 stopped.signal_name, stopped.step, stopped.epoch, stopped.directory,
                 stopped.saved) from None
-        except callbacks_lib.TrainingDiverged as error:
+        except fit_loop.TrainingDiverged as error:
             print_fn(f"the retraining of {describe_values(best)} diverged: {error}")
             result["retrain"] = {"diverged": True, "model_dir": retrain.model_dir}
             _append(storage.join(config.model_dir, "results.md"),
@@ -257,12 +227,19 @@ def _run_search(search, print_fn, cleanup):
         outcome["model_dir"] = retrain.model_dir
         result["retrain"] = outcome
         print_fn(f"best {describe_values(best)}: test error {100 * outcome['test_error']:.2f}% "
-                 f"(trained on all {full.num_train:,} training images)")
+                 f"(trained on all {setup.full_data.num_train:,} training images)")
         _append(storage.join(config.model_dir, "results.md"),
                 f"\nRetrained with {best} on the whole training set for "
                 f"{retrain.epochs} epochs: test error "
                 f"{100 * outcome['test_error']:.2f}%.\n")
     return result
+
+
+def _one_process(strategy):
+    if getattr(strategy, "process_count", 1) > 1:
+        raise ValueError(f"the search runs in one process; this JAX program runs in "
+                         f"{strategy.process_count} processes (train the best values "
+                         f"across processes with keras-identity-train).")
 
 
 def _append(path, text):

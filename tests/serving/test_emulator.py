@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
-from keras_identity.serving import rest
+from keras_identity.serving import server
 from keras_identity.serving.emulator import ServingEmulator
 from keras_identity.serving.warmup import encode_png
 from keras_identity.serving.warmup import serving_apis
@@ -42,7 +42,7 @@ def test_rest_row_format_with_b64(emulator, cifar_export):
     for instances in ([{"image_bytes": {"b64": b64(i)}} for i in images],
                       [{"b64": b64(i)} for i in images]):
         body = {"signature_name": "serving_bytes", "instances": instances}
-        predictions = rest.predict(emulator, body)["predictions"]
+        predictions = server.predict(emulator, body)["predictions"]
         assert len(predictions) == len(images)
         np.testing.assert_allclose([p["probabilities"] for p in predictions],
                                    cifar_export["expected"], atol=1e-5)
@@ -53,7 +53,7 @@ def test_rest_row_format_with_b64(emulator, cifar_export):
 def test_rest_columnar_format(emulator, cifar_export):
     images = cifar_export["images"].astype(float).tolist()
     for inputs in ({"images": images}, images):
-        response = rest.predict(emulator, {"inputs": inputs})
+        response = server.predict(emulator, {"inputs": inputs})
         np.testing.assert_allclose(response["outputs"]["probabilities"],
                                    cifar_export["expected"], atol=1e-5)
 
@@ -95,7 +95,7 @@ def test_bad_requests_are_invalid_argument(emulator, signature, inputs, message)
 ])
 def test_bad_rest_bodies(emulator, body, message):
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
-        rest.predict(emulator, body)
+        server.predict(emulator, body)
     assert message in error.value.message
 
 

@@ -17,10 +17,11 @@ import pytest
 
 from keras_identity.training import Stopped
 from keras_identity.training import TrainConfig
-from keras_identity.training import callbacks as callbacks_lib
 from keras_identity.training import checkpoints
+from keras_identity.training import fit_loop
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
+from keras_identity.training import recorders
 from keras_identity.training import train
 from tests.backend import BACKEND
 from tests.backend import backend_neutral
@@ -80,14 +81,14 @@ def straight(tmp_path_factory):
 def _signal_at_step(monkeypatch, step, number=signal.SIGTERM):
     """Sends ``number`` to this process as step ``step`` ends (before the
     next one starts)."""
-    original = callbacks_lib.StopOnNaN.on_train_batch_end
+    original = fit_loop.StopOnNaN.on_train_batch_end
 
     def end(self, batch, logs=None):
         if self.step(batch) == step:
             _send(number)
         return original(self, batch, logs)
 
-    monkeypatch.setattr(callbacks_lib.StopOnNaN, "on_train_batch_end", end)
+    monkeypatch.setattr(fit_loop.StopOnNaN, "on_train_batch_end", end)
 
 
 def _latest(directory):
@@ -116,14 +117,14 @@ def _signal_during_checkpoint_write(monkeypatch, step):
 
 def _signal_during_evaluation(monkeypatch, epoch):
     """Sends SIGTERM when the evaluation of epoch ``epoch`` (1-based) starts."""
-    original = callbacks_lib.RunRecorder.on_test_begin
+    original = recorders.RunRecorder.on_test_begin
 
     def begin(self, logs=None):
         if len(self.history) == epoch - 1:
             _send()
         return original(self, logs)
 
-    monkeypatch.setattr(callbacks_lib.RunRecorder, "on_test_begin", begin)
+    monkeypatch.setattr(recorders.RunRecorder, "on_test_begin", begin)
 
 
 # Ten moments: seven random steps inside epochs, an epoch's last step, a

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import keras_identity as ki
-from keras_identity.training import run_data
+from keras_identity.training import run_setup
 from keras_identity.training import trained_model
 from keras_identity.training.config import TrainConfig
 from tests.backend import tensorflow_only
@@ -47,7 +47,7 @@ def test_model_kwargs_reach_the_builder(mnist_npz):
     config = TrainConfig(model="resnet", depth=8, dataset="mnist", model_kwargs=dict(
         shortcut="exclusive_gating", gate_bias_init=-3.0, dimension_shortcut="B",
         stage_mode="scan"))
-    data = run_data.load_data(dataclasses.replace(config, data_dir=mnist_npz,
+    data = run_setup.load_data(dataclasses.replace(config, data_dir=mnist_npz,
                                                   train_examples=64, test_examples=16))
     model = trained_model.build_model(config.validate(), data, seed=0)
     assert isinstance(model.get_layer("stage1_units2to3"), ki.layers.ResidualStack)

@@ -419,7 +419,7 @@ def test_a_failed_write_with_no_checkpoint_yet_says_none_was_written(monkeypatch
     def full(*_, **__):  # the disk fills during the first checkpoint's write
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(trainer.preemption, "fit_resumable", full)
+    monkeypatch.setattr(trainer.fit_loop, "fit_resumable", full)
     def newest():
         if latest is OSError:
             raise OSError("the store cannot be reached")
@@ -429,9 +429,9 @@ def test_a_failed_write_with_no_checkpoint_yet_says_none_was_written(monkeypatch
     checkpointer.intact_step = lambda: checkpoints.Checkpointer.intact_step(checkpointer)
     recorder = types.SimpleNamespace(checkpointer=checkpointer, history=[],
                                      epoch_progress=dict)
-    schedule = types.SimpleNamespace(steps_per_epoch=4, total_steps=8)
+    plan = types.SimpleNamespace(steps_per_epoch=4, total_steps=8)
     with pytest.raises(WriteError) as error:
-        trainer._fit_and_save(None, None, None, [], recorder, strategy=None, schedule=schedule,
+        trainer._fit_and_save(None, None, None, [], recorder, strategy=None, plan=plan,
                               start_step=0, end_step=8, checkpointer=checkpointer,
                               work_dir="run", verbose=0, print_fn=quiet)
     message = str(error.value)

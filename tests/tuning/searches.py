@@ -32,9 +32,9 @@ def stop_at(patch, method, when):
     (once) before the call where ``when(self, *args)`` is true."""
     import signal
 
-    from keras_identity.training import preemption
+    from keras_identity.training import fit_loop
 
-    original = getattr(preemption.InEpochCheckpoints, method)
+    original = getattr(fit_loop.InEpochCheckpoints, method)
     sent = []
 
     def hook(self, *args, **kwargs):
@@ -43,7 +43,7 @@ def stop_at(patch, method, when):
             os.kill(os.getpid(), signal.SIGTERM)
         return original(self, *args, **kwargs)
 
-    patch.setattr(preemption.InEpochCheckpoints, method, hook)
+    patch.setattr(fit_loop.InEpochCheckpoints, method, hook)
     return sent
 
 

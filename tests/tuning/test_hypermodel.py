@@ -6,7 +6,7 @@ from keras_identity.recipes import get_recipe
 from keras_identity.recipes import resolve
 from keras_identity.training import ConfigError
 from keras_identity.training import TrainConfig
-from keras_identity.training import run_data
+from keras_identity.training import run_setup
 from keras_identity.tuning import DEFAULT_GATE_BIASES
 from keras_identity.tuning import Range
 from keras_identity.tuning import TrainingHyperModel
@@ -15,7 +15,7 @@ from keras_identity.tuning import parse_range
 
 @pytest.fixture
 def mnist_small():
-    return run_data.load_data(TrainConfig(train_examples=200, test_examples=50))
+    return run_setup.load_data(TrainConfig(train_examples=200, test_examples=50))
 
 
 def make(config, data, space=None, **kwargs):

@@ -1,6 +1,7 @@
-"""keras-identity-serve frames request bodies as a careful HTTP/1.1 server does:
-one Content-Length or Transfer-Encoding: chunked, anything ambiguous refused in
-one line and the connection closed (the request-smuggling class of bugs)."""
+"""The local server (keras_identity.serving.server, keras-identity-serve's)
+frames request bodies as a careful HTTP/1.1 server does: one Content-Length or
+Transfer-Encoding: chunked, anything ambiguous refused in one line and the
+connection closed (the request-smuggling class of bugs)."""
 
 import json
 import socket
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 
-tf = pytest.importorskip("tensorflow")  # keras_identity.serving.rest: TensorFlow
+tf = pytest.importorskip("tensorflow")  # keras_identity.serving.server: TensorFlow
 
 from tests.backend import backend_neutral  # noqa: E402
 
@@ -21,7 +22,7 @@ LIMIT = 4096   # the server's body limit in these tests
 
 
 class DoublingEmulator:
-    """Enough of ServingEmulator for rest.predict: one float32 input x, y = 2x."""
+    """Enough of ServingEmulator for server.predict: one float32 input x, y = 2x."""
 
     signature_defs = {}
 
@@ -34,11 +35,11 @@ class DoublingEmulator:
 
 @pytest.fixture(scope="module")
 def port():
-    from keras_identity_cli import serve
+    from keras_identity.serving import server as server_lib
 
-    handler = serve.make_rest_handler(DoublingEmulator(), "m", 1, read_timeout_s=2.0,
+    handler = server_lib.make_rest_handler(DoublingEmulator(), "m", 1, read_timeout_s=2.0,
                                       max_body_bytes=LIMIT)
-    server = serve.BoundedHTTPServer(("127.0.0.1", 0), handler, workers=2, max_queued=8)
+    server = server_lib.BoundedHTTPServer(("127.0.0.1", 0), handler, workers=2, max_queued=8)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
@@ -213,12 +214,12 @@ def test_well_formed_header_lines_still_pass(port):
 def test_body_framing_strips_only_spaces_and_tabs_from_transfer_encoding(value):
     import http.client
 
-    from keras_identity_cli import serve
+    from keras_identity.serving import server as server_lib
 
     headers = http.client.HTTPMessage()
     headers["Transfer-Encoding"] = value
-    with pytest.raises(serve.FramingError) as raised:
-        serve.body_framing(headers, LIMIT)
+    with pytest.raises(server_lib.FramingError) as raised:
+        server_lib.body_framing(headers, LIMIT)
     assert raised.value.code == 501 and "is not implemented" in raised.value.message
     headers.replace_header("Transfer-Encoding", " \tchunked\t ")
-    assert serve.body_framing(headers, LIMIT) == "chunked"
+    assert server_lib.body_framing(headers, LIMIT) == "chunked"

@@ -1,16 +1,15 @@
-"""The run's callbacks: TensorBoard scalars written without TensorFlow."""
+"""What a run records (keras_identity.training.recorders): TensorBoard
+scalars written without TensorFlow."""
 
-import keras
 import pytest
 
-from keras_identity.training import callbacks
-from tests.backend import jax_only
+from keras_identity.training import recorders
 
 
 def test_epoch_summaries_write_train_and_validation_scalars(tmp_path):
     from tensorboard.backend.event_processing import event_accumulator
 
-    writer = callbacks.EpochSummaries(str(tmp_path))
+    writer = recorders.EpochSummaries(str(tmp_path))
     writer.on_epoch_end(0, {"loss": 2.5, "accuracy": 0.25, "val_loss": 2.0,
                             "val_accuracy": 0.5})
     writer.on_epoch_end(1, {"loss": 1.5, "accuracy": 0.5, "val_loss": 1.0,
@@ -26,14 +25,3 @@ def test_epoch_summaries_write_train_and_validation_scalars(tmp_path):
             scalars = events.Scalars(tag)
             assert [s.step for s in scalars] == [0, 1]
             assert [s.value for s in scalars] == pytest.approx(values)
-
-
-@jax_only
-def test_the_runs_batch_callbacks_let_keras_run_them_beside_the_next_step(tmp_path):
-    # On JAX Keras runs batch callbacks in a thread, beside the next step, only
-    # when each is async-safe or has no batch hook; one that reads self.model
-    # in a batch hook copies the training state back into the model each step.
-    # StopAtStep, needed only inside an epoch, is the one that stops it.
-    run = [callbacks.StopOnNaN(), callbacks.EpochSummaries(str(tmp_path))]
-    assert keras.callbacks.CallbackList(run)._async_train
-    assert not keras.callbacks.CallbackList(run + [callbacks.StopAtStep(5)])._async_train

@@ -1,7 +1,8 @@
-"""Callbacks of the training loop."""
+"""What a run records at each epoch's end: :class:`RunRecorder` (a training
+run's line, row, checkpoint and files) or :class:`EpochLog` (a tuner's trial),
+and the TensorBoard logs (:func:`tensorboard`)."""
 
 import io
-import math
 import os
 import shutil
 import tempfile
@@ -12,79 +13,6 @@ import keras
 
 from keras_identity import storage
 from keras_identity.training import plots
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
-
-    def __init__(self, step, epoch, loss):
-        self.step, self.epoch, self.loss = step, epoch, loss
-        super().__init__(f"the training loss became {loss} at step {step} (epoch {epoch}); "
-                         f"lower --learning_rate, or check the data and --precision")
-
-
-class _StepCounter(keras.callbacks.Callback):
-    """Knows the optimizer step a batch ends at without reading the model.
-
-    On JAX, ``self.model`` copies the training state back into the model's
-    variables (``jax_state_sync``) and a batch hook keeps Keras from running
-    the batch callbacks beside the next step; read once per epoch and counted
-    from the batch index, the step costs neither.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self._epoch, self._epoch_start, self._trained = 0, 0, None
-
-    def set_model(self, model):
-        super().set_model(model)
-        self._trained = model  # for stop_training, without the state copy of self.model
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch + 1
-        self._epoch_start = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-
-    def step(self, batch):
-        """The optimizer step after batch ``batch`` (0-based) of this epoch."""
-        return self._epoch_start + int(batch) + 1
-
-
-class StopOnNaN(_StepCounter):
-    """Stops training with :class:`TrainingDiverged`, naming the step (the
-    last of a call that runs several, ``steps_per_execution``).
-
-    In one JAX process it runs beside the next step (Keras's asynchronous
-    batch callbacks): it stops the loop, and Keras raises the error at a
-    later batch or at the epoch's end.  Across processes it runs between
-    steps, so that every process stops at the same batch.
-    """
-
-    @property
-    def async_safe(self):
-        if keras.backend.backend() != "jax":
-            return False
-        import jax
-
-        return jax.process_count() == 1
-
-    def on_train_batch_end(self, batch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            self._trained.stop_training = True
-            raise TrainingDiverged(self.step(batch), self._epoch, float(loss))
-
-
-class StopAtStep(_StepCounter):
-    """Ends training after exactly ``total_steps`` optimizer steps (needed
-    only where they end inside an epoch)."""
-
-    def __init__(self, total_steps):
-        super().__init__()
-        self.total_steps = int(total_steps)
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.step(batch) >= self.total_steps:
-            self._trained.stop_training = True
 
 
 def current_learning_rate(optimizer, step):
@@ -192,6 +120,33 @@ def history_writer(model_dir, title):
         plots.plot_history(history, storage.join(model_dir, "curves.png"), title=title)
 
     return write
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Keeps each epoch's logs (``rows``) and writes a checkpoint at each
+    epoch's end with them, at its position in the data stream: what a fit
+    that is not a ``keras-identity-train`` run (a tuner's trial, whose
+    epochs are whole) resumes from."""
+
+    def __init__(self, checkpointer, steps_per_epoch, rows=()):
+        super().__init__()
+        self.checkpointer = checkpointer
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.rows = list(rows)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.rows.append({"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}})
+        self.checkpointer.save(self.model, step=(epoch + 1) * self.steps_per_epoch,
+                               epoch=epoch + 1, history=self.rows)
+
+    def history(self):
+        """A Keras ``History`` of every epoch logged, before a resume too."""
+        merged = keras.callbacks.History()
+        merged.set_model(self.model)
+        merged.epoch = [row["epoch"] - 1 for row in self.rows]
+        keys = [k for k in self.rows[-1] if k != "epoch"] if self.rows else []
+        merged.history = {k: [row.get(k) for row in self.rows] for k in keys}
+        return merged
 
 
 def tensorboard(log_dir):
