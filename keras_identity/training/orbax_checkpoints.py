@@ -1,52 +1,38 @@
 """Orbax checkpoints: the JAX route's, asynchronous and written by every process.
 
-On the JAX backend a run's checkpoints are Orbax checkpoints
-(``--checkpoint_format=orbax``, the default there where ``orbax-checkpoint``
-is installed), one folder per step (``checkpoints/ckpt_<step>/``), written
-by ``orbax.checkpoint.CheckpointManager``:
+On JAX a run's checkpoints are Orbax checkpoints (``--checkpoint_format=orbax``, the
+default there where ``orbax-checkpoint`` is installed), one folder per step
+(``checkpoints/ckpt_<step>/``), written by ``orbax.checkpoint.CheckpointManager``:
 
-* **Asynchronous.**  :meth:`OrbaxCheckpointer.save` returns once the
-  variables are copied off the devices; the files are written by a
-  background thread while training goes on.  The next checkpoint, the end
-  of the run and a stop signal wait for it (:meth:`~OrbaxCheckpointer.finish`);
-  a write that failed is a :class:`checkpoints.WriteError` there, the
-  checkpoint before it intact.
-* **Collective.**  Every process of a multi-process run saves: each writes
-  the shards it holds, and process 0 commits them into one checkpoint (on a
-  TPU slice, in the run's bucket).
-* **Its state inside.**  The step, epoch, history, an epoch's running metric
-  sums and the run's identity (its flags) are an item of the checkpoint
-  (``state``) beside its arrays (``weights``: the model's and the
-  optimizer's variables, in the model's order), committed with them.
-* **Whole or absent.**  Locally a checkpoint is written under a temporary
-  name renamed at its commit; in a bucket its commit is the file
-  ``commit_success.txt``.  A checkpoint killed before its commit is not
-  listed, so the newest committed one resumes.
+* **Asynchronous.**  :meth:`OrbaxCheckpointer.save` returns once the variables are
+  copied off the devices; a background thread writes the files.  The next checkpoint,
+  the run's end and a stop signal wait for it (:meth:`~OrbaxCheckpointer.finish`),
+  where a failed write is a :class:`checkpoints.WriteError`, the one before intact.
+* **Collective.**  Every process saves the shards it holds, and process 0 commits
+  them into one checkpoint (on a TPU slice, in the run's bucket).
+* **Its state inside.**  The step, epoch, history, an epoch's running metric sums
+  and the run's identity (its flags) are an item (``state``) committed with the
+  arrays (``weights``: the model's and optimizer's variables, in the model's order).
+* **Whole or absent.**  Locally a checkpoint's temporary name is renamed at its
+  commit; in a bucket its commit is the file ``commit_success.txt``.  One killed
+  before its commit is not listed, so the newest committed one resumes.
 
-The guarantees of :mod:`checkpoints` hold: a checkpoint whose state or
-arrays cannot be read (or do not match the model) is passed over with a
-warning for the newest one that can; one recorded with other flags is
-never resumed; a run deletes only checkpoints it wrote or those of the run
-it continues, and sets aside, never deletes, a newer one it could not read.
-There is no index file: the committed checkpoints are the index.  The
-HDF5 checkpoints of a run trained on TensorFlow so far are read too (the
-newest checkpoint of either format resumes) and removed like this run's own
-once newer ones are kept.
+The guarantees of :mod:`checkpoints` hold: a checkpoint whose state or arrays cannot
+be read (or do not match the model) is passed over with a warning for the newest one
+that can; one of other flags is never resumed; a run deletes only its own checkpoints
+and those of the run it continues, and sets aside, never deletes, a newer one it
+could not read.  There is no index file: the committed checkpoints are the index.  A
+TensorFlow run's HDF5 checkpoints are read too (the newest of either format resumes).
 
-Why Orbax, and only on JAX: it is the JAX ecosystem's maintained checkpoint
-library (asynchronous saves, multi-host coordination, GCS through
-TensorStore), and nothing of ours could match it on a TPU slice; it needs
-JAX, which a TensorFlow-only install (the TensorFlow 2.19 line, many GPU
-users) does not have, so the TensorFlow route keeps HDF5 checkpoints, which
-every install reads.
+Why Orbax, and only on JAX: it is the JAX ecosystem's maintained checkpoint library
+(asynchronous saves, multi-host coordination, GCS through TensorStore), unmatched by
+anything of ours on a TPU slice; it needs JAX, which a TensorFlow-only install (the
+TensorFlow 2.19 line, many GPU users) lacks: TensorFlow keeps HDF5, which every install reads.
 
-Paths: Orbax reaches a bucket through ``etils.epath`` (folders and small
-files) and TensorStore (arrays).  ``etils.epath`` is pointed at fsspec
-(``EPATH_USE_TF=false``), the layer of every other file of a run
-(:mod:`keras_identity.storage`), so it is the same with TensorFlow installed
-or not; TensorStore is pointed at the emulator that ``STORAGE_EMULATOR_HOST``
-names (``TENSORSTORE_GCS_HTTP_URL``), so an emulator needs that variable
-only.  A user's own setting of either is kept.
+Paths: Orbax reaches a bucket through ``etils.epath`` (folders, small files), pointed
+at fsspec (``EPATH_USE_TF=false``) like every other file (:mod:`keras_identity.storage`),
+and TensorStore (arrays), pointed at the emulator ``STORAGE_EMULATOR_HOST`` names
+(``TENSORSTORE_GCS_HTTP_URL``).  A user's own setting of either is kept.
 """
 
 import importlib.util
@@ -71,9 +57,8 @@ _ABANDONED = []   # folders whose write a stalled store held past its bound
 
 
 def abandoned_writes():
-    """Whether a checkpoint's write was left to Orbax's threads (a store
-    that stopped answering): those threads never end, and a program that
-    exits must not wait for them (``os._exit``)."""
+    """Whether a write was left to Orbax's threads (a stalled store): they never
+    end, and a program that exits must not wait for them (``os._exit``)."""
     return bool(_ABANDONED)
 
 
@@ -118,10 +103,9 @@ def _quiet_errors():
 
 def _late_callback(unraisable):
     """Whether an unraisable error is a TensorStore future's callback that
-    completed after the asyncio loop that awaited it was closed (Orbax runs
-    each of its reads and writes in a loop of its own): TensorStore reports
-    it with no object, its traceback asyncio's check of the closed loop
-    alone.  Nothing waits for that result any more (its loop is gone)."""
+    completed after the asyncio loop awaiting it (Orbax's own, per call) was
+    closed, so nothing waits for it: no object, and a traceback ending in
+    asyncio's check of the closed loop."""
     error, trace = unraisable.exc_value, unraisable.exc_traceback
     if unraisable.object is not None or not isinstance(error, RuntimeError) \
             or str(error) != "Event loop is closed" or trace is None:
@@ -134,9 +118,8 @@ def _late_callback(unraisable):
 
 
 def _quiet_late_callbacks():
-    """Keeps :func:`_late_callback`'s tracebacks (dozens, when a store fails
-    or a checkpoint is passed over) off stderr; every other unraisable error
-    goes to the hook that was there."""
+    """Keeps :func:`_late_callback`'s tracebacks (dozens, when a store fails or a
+    checkpoint is passed over) off stderr; others go to the hook that was there."""
     previous = sys.unraisablehook
     if getattr(previous, "_keras_identity", False):
         return
@@ -154,10 +137,9 @@ def _name(step):
 
 
 def _variables(model):
-    """``{"model": [variable, ...], "optimizer": [variable, ...]}``: what a
-    checkpoint holds (the variables of ``model.save_weights``), in the
-    model's order: a model built again (its layers' automatic names
-    numbered anew) reads it."""
+    """``{"model": [...], "optimizer": [...]}``: the variables a checkpoint holds
+    (``model.save_weights``'), in the model's order, so that a model built
+    again (its layers' automatic names numbered anew) reads it."""
     return {"model": list(model.weights),
             "optimizer": list(model.optimizer.variables) if model.optimizer is not None
             else []}
@@ -170,17 +152,15 @@ def _is_state(state, step):
 
 
 class OrbaxCheckpointer(checkpoints.Checkpointer):
-    """Saves and restores the training state as Orbax checkpoints in
-    ``<model_dir>/checkpoints`` (the interface of
-    :class:`checkpoints.Checkpointer`; every process calls it alike)."""
+    """:class:`checkpoints.Checkpointer`'s interface over Orbax checkpoints in
+    ``<model_dir>/checkpoints``; every process calls it alike."""
 
     collective = True
     reads_orbax = True
 
     def __init__(self, directory, keep=2, identity=None):
-        # Orbax's file layer takes a bracketed part of the path as a glob
-        # pattern: its checkpoints there commit no arrays (measured with
-        # orbax-checkpoint 0.12, on a disk and in a bucket), so none resumes.
+        # Orbax's file layer takes a bracketed part of the path as a glob pattern: no arrays
+        # are committed there (orbax-checkpoint 0.12, disk and bucket), so none resumes.
         bracketed = re.search(r"\[[^\]]*\]", os.fspath(directory))
         if bracketed:
             raise ValueError(
@@ -205,8 +185,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return ocp
 
     def _checkpoints(self):
-        """The ``CheckpointManager`` of the folder (made on first use; it
-        creates nothing until a checkpoint is saved)."""
+        """The folder's ``CheckpointManager``, made on first use (no files until a save)."""
         if self._manager is None:
             ocp = self._orbax()
             options = ocp.CheckpointManagerOptions(
@@ -251,33 +230,25 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return {**state, "weights": _name(step)}
 
     def _orbax_states(self, steps=None, warn=True):
-        """``(step, state)`` of each committed Orbax checkpoint (``steps``:
-        their steps, newest first, when the caller has listed them) with a
-        readable state, newest first (a generator; one passed over is warned
-        about when ``warn``)."""
+        """Yields ``(step, state)`` of each committed Orbax checkpoint with a
+        readable state, newest first (of ``steps`` where the caller listed
+        them); one passed over is warned about when ``warn``."""
         for step in self._steps() if steps is None else steps:
             try:
                 state = self._read_state(step)
             except Exception as error:  # Orbax's, TensorStore's, JSON's errors
-                if not warn:
-                    continue
-                warnings.warn(f"passed over {_name(step)} in {self.directory}: its state "
-                              f"cannot be read ({type(error).__name__}: "
-                              f"{' '.join(str(error).split())[:160]}).", stacklevel=3)
+                if warn:
+                    warnings.warn(f"passed over {_name(step)} in {self.directory}: its state "
+                                  f"cannot be read ({type(error).__name__}: "
+                                  f"{' '.join(str(error).split())[:160]}).", stacklevel=3)
                 continue
             yield step, state
 
     # -- reading ----------------------------------------------------------
 
     def latest(self):
-        """The state of the newest checkpoint with a readable state, Orbax or
-        HDF5 (``step``, ``epoch``, ``weights``: its name, ``history``,
-        ``identity``), or None when there is none.
-
-        Raises:
-            CheckpointError: the folder is not what a run writes, or there
-                are checkpoints, but none has a readable state.
-        """
+        """The base class's :meth:`~checkpoints.Checkpointer.latest` over
+        both formats: the newest readable state, Orbax's or HDF5's."""
         self.check_directory()
         committed = self._steps()
         orbax = next(self._orbax_states(committed), (None, None))[1]
@@ -307,27 +278,23 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
 
     def _restored(self, candidates):
-        """Notes the run continued (the checkpoints restored or passed over
-        for it, with a readable state of this run's flags: no other run's)
-        and sets aside newer Orbax checkpoints passed over, so that this
-        run's next checkpoints never meet them."""
+        """Notes the run continued (its checkpoints at or before the one
+        restored with this run's flags) and sets aside the newer Orbax
+        checkpoints passed over, so that this run's next ones never meet them."""
         self._continued = {other["weights"] for other in candidates
                            if other["step"] <= self._continued_step
                            and self.same_identity(other)}
         self._set_aside_newer(self._continued_step)
 
     def _load(self, model, state):
-        """An HDF5 checkpoint as the base class loads it; an Orbax one by
-        :meth:`_load_orbax`."""
         if checkpoints.ORBAX_FOLDER.fullmatch(state["weights"]):
             self._load_orbax(model, state["step"])
         else:
             super()._load(model, state)
 
     def _load_orbax(self, model, step):
-        """Assigns the arrays of the Orbax checkpoint of ``step`` to the
-        model's and optimizer's variables, refusing a checkpoint that does not
-        hold exactly those variables with their shapes."""
+        """Assigns the checkpoint's arrays to the model's and optimizer's
+        variables, refusing one that does not hold exactly those shapes."""
         ocp = self._orbax()
         by_group = _variables(model)
         saved = self._checkpoints().item_metadata(step)["weights"] or {}
@@ -351,28 +318,24 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
     # -- writing ----------------------------------------------------------
 
     def save(self, model, *, step, epoch, history, extra=None):
-        """Starts writing the checkpoint of ``step`` and returns once its
-        arrays are copied off the devices (the one before is waited for
-        first).  Raises :class:`checkpoints.WriteError` when the one before
-        failed, or this one cannot start; a failure of this one is raised by
-        the next save or :meth:`finish`.  Every process calls it alike, and
-        each failure is every process's."""
+        """Starts writing the checkpoint of ``step`` (after waiting for the one
+        before) and returns once its arrays are off the devices.  Raises
+        :class:`checkpoints.WriteError` when the one before failed or this one
+        cannot start; this one's failure is raised by the next save or
+        :meth:`finish`.  Each failure is every process's."""
         step = int(step)
         self.finish(before=step)
         ocp = self._orbax()
         started, failure = False, None
         try:
-            # A copy, as JSON keeps it (a NaN of the history stays NaN): Orbax
-            # writes it in the background, while the caller's history grows.
+            # A JSON copy (NaN stays NaN): Orbax writes it in the background as history grows.
             state = json.loads(json.dumps({
                 "step": step, "epoch": int(epoch), "history": history, **(extra or {}),
                 **({"identity": self.identity} if self.identity is not None else {})}))
             storage.makedirs(self.directory)
             path = storage.join(self.directory, _name(step))
             if self._primary() and step not in self._steps_written and storage.exists(path):
-                # Not this run's: a write killed before its commit (in a
-                # bucket, a folder without commit_success.txt), or one it
-                # could not read.
+                # Not this run's: a write killed before its commit, or unreadable.
                 self._set_aside_folder(path)
             checkpoints.check_free_space(
                 self.directory, checkpoints.checkpoint_bytes(model) + len(json.dumps(state)) * 2)
@@ -401,14 +364,12 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return self._pending is not None and self._checkpoints().is_saving_in_progress()
 
     def finish(self, before=None):
-        """Waits for the checkpoint being written, then keeps the newest
-        ``keep`` checkpoints of the run.  Raises
-        :class:`checkpoints.WriteError` when it could not be written (its
-        partial files removed; the one before intact).  ``before``: the step
-        whose checkpoint is about to be written (:meth:`save`).  A write
-        still running then is named as such; one that had ended, but whose
-        commit cannot be confirmed (the store stopped answering since), is
-        the new checkpoint's failure: that is the write that cannot go on."""
+        """Waits for the checkpoint being written, then keeps the run's newest
+        ``keep``; raises :class:`checkpoints.WriteError` when it could not be
+        written (its partial files removed, the one before intact).
+        ``before``: the step :meth:`save` is about to write; a write still
+        running then is named so, and a commit that cannot be confirmed (the
+        store stopped answering since) is that new checkpoint's failure."""
         if self._pending is None:
             return
         step, self._pending = self._pending, None
@@ -448,12 +409,9 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             pass
 
     def _remove_stale_temporaries(self, step):
-        """Removes Orbax's temporary folders (``ckpt_<step>.orbax-checkpoint-tmp...``:
-        a write killed before its commit, e.g. by SIGKILL during a background
-        write) of steps at or before ``step``, which the run has passed: no
-        write will finish them.  Process 0 only, only in this run's own
-        checkpoint folder, and only while this process holds the run's lock
-        (``<model_dir>/.lock``: no other training writes there)."""
+        """Removes Orbax's temporary folders of steps at or before ``step``
+        (writes killed before their commit, e.g. by SIGKILL: none will finish):
+        process 0, only while it holds the run's lock (no other run writes)."""
         if not self._primary() or not run_lock.held_here(storage.dirname(self.directory)):
             return
         for entry in storage.listdir(self.directory):
@@ -462,24 +420,20 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                 storage.rmtree(storage.join(self.directory, entry))
 
     def _wait_for_write(self):
-        """Waits for Orbax's background write; in a bucket at most as long
-        as one call of the store's (``storage.call_deadline``: a few times
-        ``KERAS_IDENTITY_STORE_TIMEOUT_S``): a store that stops answering
-        held TensorStore's write, and the run, for good.  Such a write is
-        left to its thread (its manager never closed, which would wait for
-        it again) and is a ``storage.StorageError`` naming the folder."""
+        """Waits for Orbax's background write; in a bucket within
+        :meth:`_within_deadline` (a store that stops answering would hold
+        TensorStore's write, and the run, for good)."""
         manager = self._checkpoints()
-        if not storage.is_remote(self.directory):
+        if storage.is_remote(self.directory):
+            self._within_deadline(manager.wait_until_finished, "writing a checkpoint into")
+        else:
             manager.wait_until_finished()
-            return
-        self._within_deadline(manager.wait_until_finished, "writing a checkpoint into")
 
     def _within_deadline(self, call, doing):
-        """``call()`` (an Orbax call on a bucket's folder), given up after one
-        call of the store's time (``storage.call_deadline``): a
-        ``storage.StorageError`` of ``doing`` the folder.  Its thread is left
-        to finish, and the manager it may hold is abandoned (closing it
-        would wait for it again); later calls of the store wait less."""
+        """``call()`` (Orbax's, on a bucket's folder), given up after
+        ``storage.call_deadline`` as a ``storage.StorageError`` of ``doing`` the
+        folder: its thread is left running and its manager abandoned (closing
+        it would wait again); later calls of the store wait less."""
         seconds = storage.call_deadline(self.directory)
         done, result, failure = threading.Event(), [], []
 
@@ -501,11 +455,9 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return result[0]
 
     def close(self):
-        """Waits for the checkpoint being written and stops Orbax's threads;
-        never raises: a failure is a warning, but where the caller is ending
-        with an error of its own (raised through the ``finally`` that calls
-        this), which then is the run's one line (the store that failed this
-        write failed that too), or its stop."""
+        """Waits for the write and stops Orbax's threads; never raises: a failure
+        is a warning, unless the caller is ending with an error (the same store's,
+        through a ``finally``) or its stop, which is then the run's line."""
         ending_with_an_error = sys.exc_info()[1] is not None
         try:
             self.finish()
@@ -531,10 +483,8 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
         return max(steps) if steps else self.intact_step()
 
     def _clean(self, step):
-        """Removes what a failed write of ``step`` left (process 0: Orbax's
-        temporary folder, or this write's folder in a bucket, without its
-        commit); the manager, which keeps the failure to raise it again, is
-        replaced."""
+        """Replaces the manager (it keeps the failure to raise it again) and,
+        on process 0, removes what a failed write of ``step`` left."""
         manager, self._manager = self._manager, None
         try:
             if manager is not None:
@@ -554,11 +504,9 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             pass
 
     def _remove_old(self):
-        """Keeps the newest ``keep`` checkpoints of the run's own: those this
-        object wrote and those of the run it continues (at or before the step
-        restored, with a readable state of this run's flags), Orbax's and
-        HDF5's.  Process 0 removes them, with no collective (the other
-        processes' listings need not agree)."""
+        """Keeps the newest ``keep`` of the run's own checkpoints (written here
+        or continued), of both formats; process 0 removes the rest, with no
+        collective (the processes' listings need not agree)."""
         own = [(step, _name(step)) for step in self._steps_written]
         own += [(_step_of_name(name), name) for name in self._continued]
         own.sort(reverse=True)
@@ -576,9 +524,8 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
             storage.remove(self.state_path)  # the HDF5 checkpoints' index, none left
 
     def _set_aside_newer(self, step):
-        """Renames the committed Orbax checkpoints newer than ``step`` that
-        this run did not write (it could not read them) out of the way:
-        process 0 renames, between two barriers of every process."""
+        """Sets aside the committed Orbax checkpoints newer than ``step`` that
+        this run did not write: process 0, between two barriers."""
         _barrier("keras_identity_set_aside_start")
         if self._primary():
             for other in self._steps():
@@ -596,8 +543,7 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
                       f"and cannot read, as {storage.basename(aside)}.", stacklevel=4)
 
 
-# Orbax's temporary name of a checkpoint folder being written (and ours of
-# one being removed, _remove_folder's).
+# Orbax's temporary name of a folder being written (and _remove_folder's, of one removed).
 _TEMPORARY = re.compile(rf"{_PREFIX}_(\d{{{_DIGITS}}})\.orbax-checkpoint-tmp.*")
 
 
@@ -617,9 +563,8 @@ def _barrier(name):
 
 
 def _agreed(failure, name):
-    """``failure`` (an exception or None) made every process's: in a
-    multi-process run, a process whose own step went well gets an error
-    naming the process that failed (a collective of every process)."""
+    """``failure`` (or None) made every process's (a collective): a process
+    whose own part went well gets an error naming the one that failed."""
     import jax
 
     if jax.process_count() == 1:
@@ -634,10 +579,9 @@ def _agreed(failure, name):
 
 
 def _remove_folder(path):
-    """Removes the Orbax checkpoint folder ``path``, first out of the
-    committed ones: locally renamed to a temporary name Orbax does not list,
-    in a bucket its commit file removed first, so a removal cut short never
-    leaves a half checkpoint that looks whole."""
+    """Removes the Orbax checkpoint folder ``path`` after taking it out of the
+    committed ones (renamed, or its commit file removed first), so a removal
+    cut short never leaves a half checkpoint that looks whole."""
     if not storage.is_remote(path):
         doomed = f"{path}.orbax-checkpoint-tmp-removed"
         storage.rename_folder(path, doomed)
