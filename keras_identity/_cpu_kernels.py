@@ -24,13 +24,11 @@ the user set ``TF_ENABLE_ONEDNN_OPTS`` (theirs always wins):
 * ``"inference"`` -- keras-identity-export (its warm-up replay) and
   keras-identity-serve: TensorFlow's own choice for the CPU (Eigen on AVX2).
 
-**The user's value.**  TensorFlow 2.21 reads the variable as a boolean: ``0``,
-``1``, ``false`` or ``true`` in any case, nothing else (no spaces, not
-empty); any other value it ignores with a warning and makes its own choice
-(imported with each value, ``_pywrap_util_port.IsMklEnabled()`` says so).
-:func:`choose` refuses such a value before TensorFlow is imported
-(:func:`invalid_setting` is the one line; the programs print it and exit 2);
-where TensorFlow was imported first, :func:`describe` says what it did.
+**The user's value.**  TensorFlow 2.21 reads only ``0``, ``1``, ``false`` or ``true``,
+in any case (no spaces, not empty); any other value it ignores with a warning, making
+its own choice (``_pywrap_util_port.IsMklEnabled()`` says so).  :func:`choose` refuses
+such a value before TensorFlow's import (:func:`invalid_setting`'s line: the programs
+exit 2); where TensorFlow was imported first, :func:`describe` says what it did.
 
 **Whose value it is.**  A value in the environment carries no author: a
 user's ``TF_ENABLE_ONEDNN_OPTS=1`` is the same string as ours, and no mark
@@ -62,19 +60,15 @@ it for ours and chooses for its own path; any other value is the user's.
 
 **Quiet imports.**  A TensorFlow that turns oneDNN on writes ``oneDNN custom
 operations are on ...`` (with absl's ``WARNING: All log messages before
-absl::InitializeLog() is called are written to STDERR``) once per copy of
-its logging, before its logging reads ``TF_CPP_MIN_LOG_LEVEL``, so neither
-the level nor the variable (``=1`` prints it too) keeps it off a program's
-first screen.  :func:`choose` imports TensorFlow, whenever it is first
-imported, with that level applied to those lines (TensorFlow's own messages
-after its start already obey it); at the default level (0) nothing is
-filtered.
+absl::InitializeLog() is called are written to STDERR``) once per copy of its
+logging, before that reads ``TF_CPP_MIN_LOG_LEVEL``, so neither the level nor the
+variable (``=1`` prints it too) keeps it off a program's first screen.
+:func:`choose` has TensorFlow's first import apply that level to those lines (its
+later messages obey it already); at the default level (0) nothing is filtered.
 
-This module imports nothing but the standard library, so keras_identity's
-``__init__`` and the programs can call it before Keras (and TensorFlow) is
-imported (the programs load it through keras_identity_cli._preload, without
-keras_identity's ``__init__``, which imports Keras); :func:`describe` reads
-the state TensorFlow actually took.
+This module imports only the standard library, so keras_identity's ``__init__`` and
+the programs (through keras_identity_cli._preload, without that ``__init__``, which
+imports Keras) call it before Keras and TensorFlow are imported.
 """
 
 import importlib.abc
@@ -85,8 +79,7 @@ import sys
 import tempfile
 
 VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
-# "<value>:<pid>": the value keras_identity set and the process that set it,
-# so that a child process tells an inherited choice of ours from the user's.
+# "<value>:<pid>": see the module's docstring, "Whose value it is".
 MARK = "KERAS_IDENTITY_CHOSE_ONEDNN_OPTS"
 PATHS = ("training", "inference")
 # The values TensorFlow reads (any case); it ignores every other one.
@@ -187,12 +180,10 @@ def choose(path):
     string, or ``None`` for TensorFlow's own choice).  Raises ValueError
     (:func:`invalid_setting`) for a value TensorFlow would ignore.
 
-    Only x86 CPUs with AVX2 are chosen for: elsewhere (ARM, whose TensorFlow
-    builds make their own choice; CPUs without AVX2) TensorFlow decides.
-    The first choice of a process stands; choosing again for the same path
-    puts it back into the environment where :func:`release` took it out,
-    for the processes this one starts.
-    """
+    Only x86 CPUs with AVX2 are chosen for (elsewhere, ARM builds included,
+    TensorFlow decides).  A process's first choice stands; choosing again for
+    the same path puts it back where :func:`release` took it out, for the
+    processes this one starts."""
     global _reason, _chosen, _path, _pending
     if path not in PATHS:
         raise ValueError(f"path={path!r} is not valid; expected one of: {', '.join(PATHS)}")
@@ -237,11 +228,9 @@ def choose(path):
 
 
 def release():
-    """Takes this process's choice out of the environment (a user's setting
-    stays), so that the processes this one starts choose for themselves;
-    keras_identity's import calls it, after Keras's.  Where TensorFlow is not
-    imported yet, the choice is put back while it is imported.  Returns
-    whether there was a choice of ours to take out."""
+    """Takes this process's choice (not a user's) out of the environment, so that
+    its children choose for themselves; keras_identity's import calls it, after
+    Keras's.  Returns whether there was a choice of ours to take out."""
     global _pending
     if not _ours():
         return False
@@ -283,16 +272,11 @@ def _users_reason():
 
 
 def training_notice():
-    """One line for a training step on TensorFlow's CPU kernels where
-    keras_identity would have chosen oneDNN's and could not: TensorFlow was
-    imported before keras_identity (a program that imported Keras or
-    TensorFlow first), which fixed its kernels then, it runs Eigen's, the
-    user did not choose them, and the CPU is the x86 AVX2 class.  None
-    otherwise (also where TensorFlow is not imported).
-
-    Nothing keras_identity does after TensorFlow's import changes its
-    kernels: TensorFlow reads its choice once, when it is imported, and keeps
-    it for the process (``_pywrap_util_port.IsMklEnabled``)."""
+    """One line for a training step on Eigen's kernels where keras_identity
+    would have chosen oneDNN's (an x86 AVX2 CPU, no choice of the user's) but
+    TensorFlow, imported first (a program that imported Keras or TensorFlow
+    before keras_identity), fixed its kernels for the process then; None
+    otherwise (also where TensorFlow is not imported)."""
     if _reason != IMPORTED_FIRST or user_set() or onednn_enabled() is not False:
         return None
     if not _chosen_for(cpu_flags()):

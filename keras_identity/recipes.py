@@ -1,21 +1,20 @@
 """The papers' training recipes, and how they adapt to other batch sizes.
 
-A recipe is written for its reference global batch size.  Run with another
-global batch B, it follows the linear scaling rule (Goyal et al. 2017): the
-learning rate is multiplied by ``B / B_ref`` and every iteration count
-(training length, warm-up) by ``B_ref / B``, so the run covers the same
-number of epochs with the same schedule shape.  Learning-rate drops are
-placed at fixed fractions of the training length (CIFAR: 32k and 48k of 64k
-iterations = 50% and 75%), so ``--epochs``/``--train_steps`` shorten or
+A recipe is written for its reference global batch size.  Run with another global batch
+B, it follows the linear scaling rule (Goyal et al. 2017): the learning rate is
+multiplied by ``B / B_ref`` and every iteration count (training length, warm-up) by
+``B_ref / B``, so the run covers the same number of epochs with the same schedule shape.
+Learning-rate drops are placed at fixed fractions of the training length (CIFAR: 32k and
+48k of 64k iterations = 50% and 75%), so ``--epochs``/``--train_steps`` shorten or
 lengthen the whole schedule.
 
-Weight decay is applied as in the authors' Torch code: added to the gradient
-before momentum, for every parameter (:class:`keras_identity.training.MomentumSGD`), which equals an
-L2 penalty ``wd/2 ||w||^2`` in the loss.
+Weight decay is applied as in the authors' Torch code: added to the gradient before
+momentum, for every parameter (:class:`keras_identity.training.MomentumSGD`), which
+equals an L2 penalty ``wd/2 ||w||^2`` in the loss.
 
-The recipes are the papers' numbers and plain Python: the model builders read
-a recipe's input normalisation from here, the trainer and the search resolve
-and run them (the Keras schedule of a resolved recipe is
+The recipes are the papers' numbers and plain Python: the model builders read a recipe's
+input normalisation from here, the trainer and the search resolve and run them (the
+Keras schedule of a resolved recipe is
 :func:`keras_identity.training.schedules.from_recipe`).
 """
 

@@ -1,35 +1,31 @@
 """Where a run's files live: a local folder or a bucket (``gs://``, ``s3://``).
 
-Every file a run, a search or an export writes and reads (the lock, the run's
-identity and settings, checkpoints and their state, the history and its
-curves, TensorBoard logs, ``model.keras``, the tuner's files, a SavedModel)
-goes through this module, so that ``--model_dir=gs://BUCKET/run`` keeps all
-of them in the bucket, on either Keras backend, with or without TensorFlow.
+Every file a run, a search or an export writes and reads (the lock, the run's identity
+and settings, checkpoints and their state, the history and its curves, TensorBoard logs,
+``model.keras``, the tuner's files, a SavedModel) goes through this module, so that
+``--model_dir=gs://BUCKET/run`` keeps all of them in the bucket, on either Keras
+backend, with or without TensorFlow.
 
-Object stores are reached through fsspec (gcsfs for ``gs://``, s3fs for
-``s3://`` where it is installed), the maintained layer of the Python data
-libraries, on either backend and without TensorFlow (whose own file system
-reaches a bucket only where TensorFlow is installed, with an emulator
-setting of its own).  The stores' transient errors are retried by
-gcsfs/s3fs, not here.  Only calls that take a path literally are used
-(never fsspec's globbing ``mv``/``rm``/``copy``: a run named ``exp[12]``
-must not touch ``exp1``).  Local paths
-stay on the operating system's calls, because there links, FIFOs and atomic
-renames matter (a run refuses a linked checkpoint folder; a file appears
-whole by ``os.replace``); an object store has none of these, and an object
-appears whole when its upload ends.
+Object stores are reached through fsspec (gcsfs for ``gs://``, s3fs for ``s3://`` where
+it is installed), the maintained layer of the Python data libraries, on either backend
+and without TensorFlow (whose own file system reaches a bucket only where TensorFlow is
+installed, with an emulator setting of its own).  The stores' transient errors are
+retried by gcsfs/s3fs, not here.  Only calls that take a path literally are used (never
+fsspec's globbing ``mv``/``rm``/``copy``: a run named ``exp[12]`` must not touch
+``exp1``).  Local paths stay on the operating system's calls, because there links, FIFOs
+and atomic renames matter (a run refuses a linked checkpoint folder; a file appears
+whole by ``os.replace``); an object store has none of these, and an object appears whole
+when its upload ends.
 
-The clients that reach the stores, the GCS emulator's settings and the bound
-on a store that stops answering are :mod:`keras_identity.store_clients`'s;
-here a call that passed its bound is one :class:`StorageError` line naming
-the path (:func:`stalled`: a run's checkpoint then fails in one line, and
-the run exits).
+The clients that reach the stores, the GCS emulator's settings and the bound on a store
+that stops answering are :mod:`keras_identity.store_clients`'s; here a call that passed
+its bound is one :class:`StorageError` line naming the path (:func:`stalled`: a run's
+checkpoint then fails in one line, and the run exits).
 
-One module, one concept, past 600 lines: the file layer is a flat list of
-short calls (exists, read, write, rename, remove, upload, ...) that each pair
-a local branch with a bucket branch over the same error wording; split by
-call they would share this module's private state (the error translation)
-instead of public functions.
+One module, one concept, past 600 lines: the file layer is a flat list of short calls
+(exists, read, write, rename, remove, upload, ...) that each pair a local branch with a
+bucket branch over the same error wording; split by call they would share this module's
+private state (the error translation) instead of public functions.
 """
 
 import asyncio

@@ -20,11 +20,10 @@ def deletion_study(model, inputs, labels, *, max_deleted=None, draws=5, seed=0,
                    batch_size=1024):
     """The error of ``model`` on ``(inputs, labels)`` with units deleted.
 
-    One at a time (each unit), then ``k`` units drawn at random, ``draws``
-    times for every ``k`` from 1 to ``max_deleted`` (default: all units that
-    can be deleted).  A unit that changes the shape can be deleted when it has
-    a shortcut (its projection or option-A shortcut stays); a plain unit that
-    changes the shape cannot, and is listed as kept.
+    One at a time (each unit), then ``k`` units drawn at random, ``draws`` times for every
+    ``k`` from 1 to ``max_deleted`` (default: all units that can be deleted).  A unit that
+    changes the shape can be deleted when it has a shortcut (its projection or option-A
+    shortcut stays); a plain unit that changes the shape cannot, and is listed as kept.
 
     Returns ``{"baseline", "units": [names], "changes_shape": [bool],
     "single": [error, or None for a unit that cannot be deleted], "k": [1..],

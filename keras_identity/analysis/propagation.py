@@ -60,22 +60,21 @@ def signal_propagation(model, inputs, labels=None, layers=None, training=True, s
     """Measures forward and backward signal norms at every unit's input.
 
     Args:
-        model: a functional model (ResNet, highway net, ...); looped stages
-            are measured on :func:`keras_identity.models.unroll`'s copy.
+        model: a functional model (ResNet, highway net, ...); looped stages are measured on
+            :func:`keras_identity.models.unroll`'s copy.
         inputs: a batch of model inputs.
-        labels: integer labels for the cross-entropy loss E (default: random
-            labels, a model at initialisation has no preference).
-        layers: the layers whose inputs are probed (default: every
-            ResidualUnit / highway layer); the last one's output is ``x_L``.
-        training: run BN with batch statistics (as during training; at
-            initialisation the moving statistics make BN an identity and the
-            signal grows without bound).  The model's moving averages and
-            other non-trainable state are restored afterwards.
-        residual_branches: with False, every residual unit's last weight layer
-            is zeroed while measuring (and restored), so F = 0 and only the
-            shortcut path remains: the gradient ratio is then the first term
-            of Eqn. (5) (1 for identity shortcuts) or of Eqn. (8) (the product
-            of lambda, or of the gates' and convolutions' derivatives).
+        labels: integer labels for the cross-entropy loss E (default: random labels, a model
+            at initialisation has no preference).
+        layers: the layers whose inputs are probed (default: every ResidualUnit / highway
+            layer); the last one's output is ``x_L``.
+        training: run BN with batch statistics (as during training; at initialisation the
+            moving statistics make BN an identity and the signal grows without bound).  The
+            model's moving averages and other non-trainable state are restored afterwards.
+        residual_branches: with False, every residual unit's last weight layer is zeroed
+            while measuring (and restored), so F = 0 and only the shortcut path remains: the
+            gradient ratio is then the first term of Eqn. (5) (1 for identity shortcuts) or
+            of Eqn. (8) (the product of lambda, or of the gates' and convolutions'
+            derivatives).
 
     Returns:
         A :class:`Propagation`.

@@ -3,38 +3,33 @@
 The streams are those of the tf.data pipeline (:mod:`~keras_identity.data.pipeline`),
 built without TensorFlow:
 
-* the training stream is the training set shuffled once per pass, the passes
-  following each other (tf.data's ``shuffle`` then ``repeat``), cut into
-  global batches: batch ``k`` holds the examples ``k * batch_size, ...`` of
-  that stream, so a run resumed at step ``k`` (``start_step``) reads what an
-  uninterrupted run would;
-* every random choice comes from NumPy's generator seeded with ``(seed,
-  purpose, index)``: a pass's permutation by the pass, a CIFAR batch's crop
-  offsets and flips by the global batch, an image's ImageNet scale, crop and
-  flip by its position in the stream: a function of the run's seed and of
-  the place in the stream, never of the number of processes or of what was
-  read before;
-* process ``i`` of ``P`` receives rows ``[i * B / P, (i + 1) * B / P)`` of
-  every global batch of ``B`` examples; Keras's JAX trainer assembles the
-  global batch from the processes' slices
-  (``jax.make_array_from_process_local_data``), so across the processes
-  every example of a batch is read once.
+* the training stream is the training set shuffled once per pass, the passes following
+  each other (tf.data's ``shuffle`` then ``repeat``), cut into global batches: batch
+  ``k`` holds the examples ``k * batch_size, ...`` of that stream, so a run resumed at
+  step ``k`` (``start_step``) reads what an uninterrupted run would;
+* every random choice comes from NumPy's generator seeded with ``(seed, purpose,
+  index)``: a pass's permutation by the pass, a CIFAR batch's crop offsets and flips by
+  the global batch, an image's ImageNet scale, crop and flip by its position in the
+  stream: a function of the run's seed and of the place in the stream, never of the
+  number of processes or of what was read before;
+* process ``i`` of ``P`` receives rows ``[i * B / P, (i + 1) * B / P)`` of every global
+  batch of ``B`` examples; Keras's JAX trainer assembles the global batch from the
+  processes' slices (``jax.make_array_from_process_local_data``), so across the
+  processes every example of a batch is read once.
 
-In-memory datasets (MNIST, CIFAR) are augmented a whole batch at a time
-with array indexing (no Python loop per image), by a pool of threads that
-prepares the next batches while the accelerator trains on the current one.
-Image files (ImageNet folders, tensorflow_datasets' random-access sources)
-are decoded and augmented one image at a time, in Grain's worker processes
-(``worker_processes``, by default one per core on a machine of more than ``THREADS``
-cores; :mod:`keras_identity.data.grain_workers`), or in the threads (on
-fewer cores, where Grain is not installed, or with ``worker_processes=0``): on 2
-cores the threads read a JPEG folder faster, having no batches to pass
-between processes (docs/tpu.md), and only processes scale past them.
+In-memory datasets (MNIST, CIFAR) are augmented a whole batch at a time with array
+indexing (no Python loop per image), by a pool of threads that prepares the next batches
+while the accelerator trains on the current one.  Image files (ImageNet folders,
+tensorflow_datasets' random-access sources) are decoded and augmented one image at a
+time, in Grain's worker processes (``worker_processes``, by default one per core on a
+machine of more than ``THREADS`` cores; :mod:`keras_identity.data.grain_workers`), or in
+the threads (on fewer cores, where Grain is not installed, or with
+``worker_processes=0``): on 2 cores the threads read a JPEG folder faster, having no
+batches to pass between processes (docs/tpu.md), and only processes scale past them.
 
-The numbers drawn differ from TensorFlow's stateless generators: the two
-pipelines agree exactly where no randomness is involved (the test set, the
-normalisation, a crop and flip given its offsets) and in distribution on
-the rest (``tests/data/test_arrays.py``).
+The numbers drawn differ from TensorFlow's stateless generators: the two pipelines agree
+exactly where no randomness is involved (the test set, the normalisation, a crop and
+flip given its offsets) and in distribution on the rest (``tests/data/test_arrays.py``).
 """
 
 import concurrent.futures
@@ -68,15 +63,15 @@ def _generator(seed, purpose, index):
 
 
 def crop_and_flip(images, offsets, flips, pad=4):
-    """He et al. (2015), Sec. 4.2, on a batch of normalised images: "4
-    pixels are padded on each side, and a 32x32 crop is randomly sampled
-    from the padded image or its horizontal flip".
+    """He et al. (2015), Sec. 4.2, on a batch of normalised images: "4 pixels are padded on
+    each side, and a 32x32 crop is randomly sampled from the padded image or its horizontal
+    flip".
 
     Args:
-        images: ``(n, height, width, channels)`` normalised images (the
-            zero padding is the mean).
-        offsets: ``(n, 2)`` integers in ``[0, 2 * pad]``: each crop's top
-            row and left column in the padded image.
+        images: ``(n, height, width, channels)`` normalised images (the zero padding is the
+            mean).
+        offsets: ``(n, 2)`` integers in ``[0, 2 * pad]``: each crop's top row and left
+            column in the padded image.
         flips: ``(n,)`` booleans: which crops are mirrored.
     """
     n, height, width, _ = images.shape
@@ -247,22 +242,20 @@ class _Examples:
 
 
 class TrainBatches(keras.utils.PyDataset):
-    """An endless, shuffled, augmented stream of ``(images, labels)`` batches:
-    item ``i`` is global batch ``start_step + i`` (this process's rows).
+    """An endless, shuffled, augmented stream of ``(images, labels)`` batches: item ``i`` is
+    global batch ``start_step + i`` (this process's rows).
 
-    The arguments are those of :func:`keras_identity.data.pipeline.train_dataset`
-    (``data``, the global ``batch_size``, ``normalization``, ``augmentation``,
-    ``seed``, ``start_step``, ``raw_pixels``: the CIFAR augmentation pads the
-    normalised image and maps the crop back to pixel values, the authors'
-    order), with ``process_index`` and ``process_count`` (this process, and
-    how many read the stream together: ``jax.process_index()``,
-    ``jax.process_count()``) in place of a ``tf.distribute`` input context;
-    batches are always whole.  ``worker_processes``: the processes decoding
-    image files (None: one per core where Grain is installed and the machine
-    has more than ``THREADS`` cores; 0: threads of this process; in-memory
-    datasets always use threads); the stream is the same for every value.
-    (Keras's own ``workers``, threads calling ``__getitem__``, stay 1: the
-    batches are prepared ahead here.)
+    The arguments are those of :func:`keras_identity.data.pipeline.train_dataset` (``data``,
+    the global ``batch_size``, ``normalization``, ``augmentation``, ``seed``,
+    ``start_step``, ``raw_pixels``: the CIFAR augmentation pads the normalised image and
+    maps the crop back to pixel values, the authors' order), with ``process_index`` and
+    ``process_count`` (this process, and how many read the stream together:
+    ``jax.process_index()``, ``jax.process_count()``) in place of a ``tf.distribute`` input
+    context; batches are always whole.  ``worker_processes``: the processes decoding image
+    files (None: one per core where Grain is installed and the machine has more than
+    ``THREADS`` cores; 0: threads of this process; in-memory datasets always use threads);
+    the stream is the same for every value.  (Keras's own ``workers``, threads calling
+    ``__getitem__``, stay 1: the batches are prepared ahead here.)
     """
 
     def __init__(self, data, *, batch_size, normalization, augmentation="none", seed=0,
@@ -354,16 +347,16 @@ class TrainBatches(keras.utils.PyDataset):
 
 
 class EvalBatches(keras.utils.PyDataset):
-    """The test (or validation) set in order, as ``(images, labels)``
-    batches, or ``(images, labels, weights)`` with ``pad_to_batch``.
+    """The test (or validation) set in order, as ``(images, labels)`` batches, or
+    ``(images, labels, weights)`` with ``pad_to_batch``.
 
     Args:
         split: ``"test"`` or ``"val"``.
-        pad_to_batch: pad the last global batch with zero-weight examples
-            (several devices or processes need equal, full batches).
+        pad_to_batch: pad the last global batch with zero-weight examples (several devices
+            or processes need equal, full batches).
         eval_resize, eval_crop: ImageNet evaluation crop (256/224, or 320/320).
-        process_index, process_count: as in :class:`TrainBatches` (several
-            processes need ``pad_to_batch``).
+        process_index, process_count: as in :class:`TrainBatches` (several processes need
+            ``pad_to_batch``).
         raw_pixels: pixel values in [0, 255] instead of normalised images.
         worker_processes: as in :class:`TrainBatches`.
     """

@@ -1,33 +1,29 @@
 """Where the images come from: tensorflow_datasets, or offline files
 (:func:`load_dataset`, which picks the source that reads them).
 
-``load_dataset("cifar10")`` uses tensorflow_datasets (Colab, or any machine
-with internet or a prepared ``~/tensorflow_datasets``).  Offline,
-``data_dir`` may be
+``load_dataset("cifar10")`` uses tensorflow_datasets (Colab, or any machine with
+internet or a prepared ``~/tensorflow_datasets``).  Offline, ``data_dir`` may be
 
 * a ``.npz`` file with ``x_train, y_train, x_test, y_test`` (e.g. MNIST);
-* an image-folder tree ``train/<class>/*.jpg``, ``test/<class>/*.jpg``
-  (``val/`` or ``validation/`` also accepted for the test split), or a
-  ``.tar.gz`` / ``.tgz`` / ``.tar`` archive of one.  A class folder may be
-  a symbolic link to a folder; an image elsewhere in a split folder
-  (directly under it, or in a subfolder of a class folder) is refused
-  naming it, as it would be left out;
+* an image-folder tree ``train/<class>/*.jpg``, ``test/<class>/*.jpg`` (``val/`` or
+  ``validation/`` also accepted for the test split), or a ``.tar.gz`` / ``.tgz`` /
+  ``.tar`` archive of one.  A class folder may be a symbolic link to a folder; an image
+  elsewhere in a split folder (directly under it, or in a subfolder of a class folder)
+  is refused naming it, as it would be left out;
 * a folder holding one of those whose name starts with the dataset's name
   (``--data_dir=../shared/data`` finds ``cifar10-jpg.tar.gz``);
-* a tensorflow_datasets data directory (ImageNet: with the manual download
-  in ``<data_dir>/downloads/manual``).
+* a tensorflow_datasets data directory (ImageNet: with the manual download in
+  ``<data_dir>/downloads/manual``).
 
-MNIST ships with the package (``keras_identity/data/mnist.npz``), so the
-default first run needs no network.  Small datasets (MNIST, CIFAR) are held
-in memory as uint8 arrays; ImageNet image folders are read file by file.
-Image files are decoded by TensorFlow where it is installed (in-memory
-datasets, the tf.data route) and by Pillow elsewhere (and on the JAX
-route's file streams), to the same pixels for PNGs
+MNIST ships with the package (``keras_identity/data/mnist.npz``), so the default first
+run needs no network.  Small datasets (MNIST, CIFAR) are held in memory as uint8 arrays;
+ImageNet image folders are read file by file.  Image files are decoded by TensorFlow
+where it is installed (in-memory datasets, the tf.data route) and by Pillow elsewhere
+(and on the JAX route's file streams), to the same pixels for PNGs
 (:mod:`~keras_identity.data.decoding`).
 
 The sources: :mod:`~keras_identity.data.npz_files`,
-:mod:`~keras_identity.data.image_folders`,
-:mod:`~keras_identity.data.archives` and
+:mod:`~keras_identity.data.image_folders`, :mod:`~keras_identity.data.archives` and
 :mod:`~keras_identity.data.tfds_source`; what they give,
 :class:`~keras_identity.data.image_dataset.ImageDataset`, or
 :class:`~keras_identity.data.errors.DataError`.

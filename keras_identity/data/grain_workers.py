@@ -1,38 +1,35 @@
 """The JAX route's image files decoded in worker processes, by Grain.
 
-Decoding and augmenting a JPEG is Pillow and NumPy work that holds Python's
-GIL for much of its time, so the threads of one process
-(:class:`keras_identity.data.arrays.TrainBatches` reading in-memory arrays)
-do not scale with a machine's cores.  Grain, the JAX ecosystem's loader,
-runs a dataset's transformations in worker processes and hands their
-results back through shared memory in order
-(``IterDataset.mp_prefetch``); it is used here for every stream read
-image by image (image folders, tensorflow_datasets' random-access sources).
+Decoding and augmenting a JPEG is Pillow and NumPy work that holds Python's GIL for much
+of its time, so the threads of one process
+(:class:`keras_identity.data.arrays.TrainBatches` reading in-memory arrays) do not scale
+with a machine's cores.  Grain, the JAX ecosystem's loader, runs a dataset's
+transformations in worker processes and hands their results back through shared memory
+in order (``IterDataset.mp_prefetch``); it is used here for every stream read image by
+image (image folders, tensorflow_datasets' random-access sources).
 
 What Grain computes is :meth:`TrainBatches.global_batch
 <keras_identity.data.arrays.TrainBatches.global_batch>` (or
-``EvalBatches.global_batch``): one element is one batch (this process's
-rows of global batch ``k``), a function of the run's seed and of ``k``
-alone.  So the stream is the threads' stream, bit for bit, whatever the
-number of workers; a resumed run starts a new iterator at its step instead
-of restoring Grain's iterator state; and a file refused inside a worker
-(:class:`keras_identity.data.errors.DataError`, one line naming the file)
-is raised again, with the same type and message, by the call that asked
-for its batch.
+``EvalBatches.global_batch``): one element is one batch (this process's rows of global
+batch ``k``), a function of the run's seed and of ``k`` alone.  So the stream is the
+threads' stream, bit for bit, whatever the number of workers; a resumed run starts a new
+iterator at its step instead of restoring Grain's iterator state; and a file refused
+inside a worker (:class:`keras_identity.data.errors.DataError`, one line naming the
+file) is raised again, with the same type and message, by the call that asked for its
+batch.
 
-Each worker process imports keras_identity (and so Keras and its backend)
-to unpickle the batch function, a second or two at the start of a stream.
+Each worker process imports keras_identity (and so Keras and its backend) to unpickle
+the batch function, a second or two at the start of a stream.
 
-Nothing is left behind (issue 61): a worker exits within a second of the
-training process's death, however it died (SIGKILL included: a thread of
-the worker watches its parent); the batches taken out of shared memory are
-unlinked at once, and those still buffered when a stream is closed (or the
-program exits without closing it) are unlinked by the close, so Python's
-resource tracker finds no "leaked shared_memory objects" at exit.  A finite
-stream (``limit``) never lets a worker reach its end: the indices past it
-give an empty element (Grain's end of a worker's slice is an exception
-whose traceback keeps a batch alive until the garbage collector runs,
-after the program's end).
+Nothing is left behind (issue 61): a worker exits within a second of the training
+process's death, however it died (SIGKILL included: a thread of the worker watches its
+parent); the batches taken out of shared memory are unlinked at once, and those still
+buffered when a stream is closed (or the program exits without closing it) are unlinked
+by the close, so Python's resource tracker finds no "leaked shared_memory objects" at
+exit.  A finite stream (``limit``) never lets a worker reach its end: the indices past
+it give an empty element (Grain's end of a worker's slice is an exception whose
+traceback keeps a batch alive until the garbage collector runs, after the program's
+end).
 """
 
 import atexit

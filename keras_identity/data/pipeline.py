@@ -92,18 +92,17 @@ def _decode_file(path):
 
 
 def _decode_files(indices, paths, labels, count=None):
-    """``(image, label)`` of the files ``paths[i]`` for the indices ``i`` of
-    the dataset ``indices``, in order (``count``: the number of indices of a
-    finite stream, ``None`` for an endless one).  A file that does not read
-    or decode, or whose header declares too many pixels, stops the stream
-    with an ``InvalidArgumentError`` naming it (its message one of a
-    :class:`DataError`, see ``errors.as_data_error``).
+    """``(image, label)`` of the files ``paths[i]`` for the indices ``i`` of the dataset
+    ``indices``, in order (``count``: the number of indices of a finite stream, ``None`` for
+    an endless one).  A file that does not read or decode, or whose header declares too many
+    pixels, stops the stream with an ``InvalidArgumentError`` naming it (its message one of
+    a :class:`DataError`, see ``errors.as_data_error``).
 
-    tf.data cannot catch the error of an op and name its input, so the
-    files are decoded (in parallel) into a stream that drops the elements
-    that fail (``ignore_errors``), each element carrying its position and
-    the index before it: the element after a dropped one finds the gap and
-    names the file (a finite stream ends with a sentinel for its last file).
+    tf.data cannot catch the error of an op and name its input, so the files are decoded (in
+    parallel) into a stream that drops the elements that fail (``ignore_errors``), each
+    element carrying its position and the index before it: the element after a dropped one
+    finds the gap and names the file (a finite stream ends with a sentinel for its last
+    file).
     """
     if count is not None:
         indices = indices.concatenate(tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)))
@@ -156,18 +155,17 @@ def train_dataset(data, *, batch_size, normalization, augmentation="none", seed=
         normalization: a :class:`Normalization`.
         augmentation: ``"none"``, ``"cifar"`` or ``"imagenet"``.
         seed: seed of the shuffling and augmentation.
-        start_step: global batches already consumed (resuming a run): the
-            stream starts where an uninterrupted run would be.
+        start_step: global batches already consumed (resuming a run): the stream starts
+            where an uninterrupted run would be.
         drop_remainder: static batch shapes (TPU, XLA).
-        input_context: a ``tf.distribute.InputContext``; the stream then holds
-            this pipeline's per-replica batches.
-        raw_pixels: yield pixel values in [0, 255] (float32) for a model that
-            normalises its inputs itself (``include_preprocessing=True``).
-            The CIFAR augmentation still pads the *normalised* image with
-            zeros (the authors' order) and maps the crop back to pixel
-            values, so the model sees what it would see from a normalising
-            pipeline (to float32 rounding; with a per-pixel mean, a shifted
-            crop's values may stray from [0, 255] by the mean's variation).
+        input_context: a ``tf.distribute.InputContext``; the stream then holds this
+            pipeline's per-replica batches.
+        raw_pixels: yield pixel values in [0, 255] (float32) for a model that normalises its
+            inputs itself (``include_preprocessing=True``).  The CIFAR augmentation still
+            pads the *normalised* image with zeros (the authors' order) and maps the crop
+            back to pixel values, so the model sees what it would see from a normalising
+            pipeline (to float32 rounding; with a per-pixel mean, a shifted crop's values
+            may stray from [0, 255] by the mean's variation).
     """
     if augmentation not in augment_lib.AUGMENTATIONS:
         raise ValueError(f"augmentation={augmentation!r} is not valid; expected one of: "
@@ -245,13 +243,12 @@ def eval_dataset(data, *, batch_size, normalization, split="test", pad_to_batch=
 
     Args:
         split: ``"test"`` or ``"val"`` (a validation split of the training set).
-        pad_to_batch: pad the last global batch with zero-weight examples
-            (static shapes on TPU and equal shards for multiple workers).
+        pad_to_batch: pad the last global batch with zero-weight examples (static shapes on
+            TPU and equal shards for multiple workers).
         eval_resize, eval_crop: ImageNet evaluation crop (256/224, or 320/320).
-        input_context: a ``tf.distribute.InputContext``: this pipeline's share
-            of every global batch, as per-replica batches.
-        raw_pixels: yield pixel values in [0, 255] (float32) instead of
-            normalised images.
+        input_context: a ``tf.distribute.InputContext``: this pipeline's share of every
+            global batch, as per-replica batches.
+        raw_pixels: yield pixel values in [0, 255] (float32) instead of normalised images.
     """
     if split == "val":
         x, y = data.x_val, data.y_val

@@ -1,31 +1,27 @@
 """The pixels TensorFlow's PNG decoder gives, reproduced from Pillow's.
 
-TensorFlow (``tf.io.decode_image``, ``decode_png(dtype=uint8)``: the tf.data
-route and serving) decodes PNGs with libpng; the JAX route decodes with
-Pillow (:func:`keras_identity.data.decoding.decode_image`).  The two agree
-on 8-bit PNGs read as RGB, and on 16-bit colour ones (Pillow keeps the high
-byte too), but not on:
+TensorFlow (``tf.io.decode_image``, ``decode_png(dtype=uint8)``: the tf.data route and
+serving) decodes PNGs with libpng; the JAX route decodes with Pillow
+(:func:`keras_identity.data.decoding.decode_image`).  The two agree on 8-bit PNGs read
+as RGB, and on 16-bit colour ones (Pillow keeps the high byte too), but not on:
 
-* 16-bit grayscale PNGs (with or without tRNS): libpng keeps the high byte
-  of every sample (``value >> 8``, ``png_set_strip_16``, measured on gray,
-  gray+alpha, RGB and RGBA); Pillow reads them in mode ``I;16`` (``I`` in
-  older Pillow), which its conversions clip to 255, i.e. white (16-bit
-  gray+alpha it reads as RGBA of the high bytes, as libpng).
-  :func:`pillow_pixels` takes the high byte, for 1 or 3 channels;
-* colour PNGs (RGB, RGBA, palette) read as one channel (MNIST):
-  libpng's ``png_set_rgb_to_gray(0.299, 0.587)`` is
-  ``(9797 R + 19234 G + 3737 B) >> 15``, truncated, and through the
-  file's gamma when a gAMA or sRGB chunk declares one
-  (:func:`libpng_gray`); Pillow's ``L`` rounds, ignoring gamma.  What
-  cannot be reproduced from Pillow's pixels is refused by both decoders
-  when a dataset is read (:func:`gray_conversion`): a 16-bit colour PNG
-  (Pillow keeps 8 of its bits), or chunks whose effect on libpng's gamma is
-  not reproduced (iCCP, cICP, repeated or invalid gAMA/sRGB chunks, or any
-  after PLTE).
+* 16-bit grayscale PNGs (with or without tRNS): libpng keeps the high byte of every
+  sample (``value >> 8``, ``png_set_strip_16``, measured on gray, gray+alpha, RGB and
+  RGBA); Pillow reads them in mode ``I;16`` (``I`` in older Pillow), which its
+  conversions clip to 255, i.e. white (16-bit gray+alpha it reads as RGBA of the high
+  bytes, as libpng).  :func:`pillow_pixels` takes the high byte, for 1 or 3 channels;
+* colour PNGs (RGB, RGBA, palette) read as one channel (MNIST): libpng's
+  ``png_set_rgb_to_gray(0.299, 0.587)`` is ``(9797 R + 19234 G + 3737 B) >> 15``,
+  truncated, and through the file's gamma when a gAMA or sRGB chunk declares one
+  (:func:`libpng_gray`); Pillow's ``L`` rounds, ignoring gamma.  What cannot be
+  reproduced from Pillow's pixels is refused by both decoders when a dataset is read
+  (:func:`gray_conversion`): a 16-bit colour PNG (Pillow keeps 8 of its bits), or chunks
+  whose effect on libpng's gamma is not reproduced (iCCP, cICP, repeated or invalid
+  gAMA/sRGB chunks, or any after PLTE).
 
-JPEG, GIF and BMP files are converted by Pillow as they always were (its
-JPEG decoder rounds differently from TensorFlow's: a run's identity names
-the decoder, see ``image_folders.assemble``).
+JPEG, GIF and BMP files are converted by Pillow as they always were (its JPEG decoder
+rounds differently from TensorFlow's: a run's identity names the decoder, see
+``image_folders.assemble``).
 
 ``tests/data/test_png_pixels.py`` compares both decoders pixel for pixel.
 """

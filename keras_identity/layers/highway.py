@@ -116,19 +116,17 @@ class _HighwayBase(keras.layers.Layer):
 class Highway(_HighwayBase):
     """A fully connected highway layer, Eqn. (3) of Srivastava et al. (2015).
 
-    ``y = H(x) * T(x) + x * (1 - T(x))`` with block state
-    ``H(x) = activation(W_H x + b_H)`` and transform gate
-    ``T(x) = sigmoid(W_T x + b_T)``, both as wide as x (one block per unit).
-    ``b_T`` starts at ``transform_bias_init``: a negative value biases the
-    layer towards carrying its input (Sec. 2.2; the paper suggests -1, -2, -3
-    for depths around 10, 20, 30).  With ``carry_gate="separate"`` the carry
-    gate is learned too, ``y = H * T + x * C``, ``C = sigmoid(W_C x + b_C)``
-    (Eqn. 2), with ``b_C`` starting at ``carry_bias_init`` (default
-    ``-transform_bias_init``, so that C starts close to 1 - T).
+    ``y = H(x) * T(x) + x * (1 - T(x))`` with block state ``H(x) = activation(W_H x + b_H)``
+    and transform gate ``T(x) = sigmoid(W_T x + b_T)``, both as wide as x (one block per
+    unit).  ``b_T`` starts at ``transform_bias_init``: a negative value biases the layer
+    towards carrying its input (Sec. 2.2; the paper suggests -1, -2, -3 for depths around
+    10, 20, 30).  With ``carry_gate="separate"`` the carry gate is learned too,
+    ``y = H * T + x * C``, ``C = sigmoid(W_C x + b_C)`` (Eqn. 2), with ``b_C`` starting at
+    ``carry_bias_init`` (default ``-transform_bias_init``, so that C starts close to 1 - T).
 
-    Gates are computed and combined in float32 under mixed precision.
-    Backward pass, Eqn. (9): ``dH = T dy``, ``dT = (H - x) dy``,
-    ``dx = (1 - T) dy`` plus the paths through H and T.
+    Gates are computed and combined in float32 under mixed precision.  Backward pass,
+    Eqn. (9): ``dH = T dy``, ``dT = (H - x) dy``, ``dx = (1 - T) dy`` plus the paths through
+    H and T.
 
     Args:
         activation: activation of the block state H (the paper: ReLU or tanh).
@@ -137,8 +135,8 @@ class Highway(_HighwayBase):
         carry_bias_init: initial b_C of a separate carry gate.
         use_bias: give H a bias.
         kernel_initializer, kernel_regularizer: for H and the gates.
-        transform_gate_override: ``None`` or a constant T in [0, 1]; 0 closes
-            the layer (it copies its input), see the property of that name.
+        transform_gate_override: ``None`` or a constant T in [0, 1]; 0 closes the layer (it
+            copies its input), see the property of that name.
     """
 
     _layout = "(batch, ..., features)"
@@ -156,12 +154,11 @@ class Highway(_HighwayBase):
 class HighwayConv2D(_HighwayBase):
     """A convolutional highway layer (Srivastava et al. 2015, Sec. 2.1).
 
-    Eqn. (3) with convolutional H and T: "the same sized receptive fields for
-    both, and zero-padding to ensure that the block state and transform gate
-    feature maps match the input size".  ``y = H(x) * T(x) + x * (1 - T(x))``,
-    ``H = activation(conv_k(x))``, ``T = sigmoid(conv_k(x) + b_T)``.  The
-    layer keeps the number of channels; change it with a plain layer between
-    highway layers, as the paper does.
+    Eqn. (3) with convolutional H and T: "the same sized receptive fields for both, and
+    zero-padding to ensure that the block state and transform gate feature maps match the
+    input size".  ``y = H(x) * T(x) + x * (1 - T(x))``, ``H = activation(conv_k(x))``,
+    ``T = sigmoid(conv_k(x) + b_T)``.  The layer keeps the number of channels; change it
+    with a plain layer between highway layers, as the paper does.
 
     Args:
         kernel_size: receptive field of H and T (an odd int).
@@ -201,15 +198,15 @@ def transform_gate_activations(model, inputs, batch_size=256):
     """Reads the transform gates T(x) of every highway layer of a model.
 
     Args:
-        model: a functional model containing :class:`Highway` or
-            :class:`HighwayConv2D` layers (e.g. ``highway_net``).
+        model: a functional model containing :class:`Highway` or :class:`HighwayConv2D`
+            layers (e.g. ``highway_net``).
         inputs: a batch of model inputs (NumPy or tensor).
         batch_size: examples evaluated at a time.
 
     Returns:
-        A dict from layer name to a float32 NumPy array of T(x), shaped like
-        the layer's input, for every example of ``inputs`` (the Highway
-        paper's Figs. 2-3 average these over examples or classes).
+        A dict from layer name to a float32 NumPy array of T(x), shaped like the layer's
+        input, for every example of ``inputs`` (the Highway paper's Figs. 2-3 average these
+        over examples or classes).
     """
     import numpy as np
 

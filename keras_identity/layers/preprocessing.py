@@ -17,27 +17,25 @@ from keras_identity.data.normalization import Normalization
 
 @keras.saving.register_keras_serializable(package="keras_identity")
 class ImageNormalization(keras.layers.Layer):
-    """``x / 255``, then the mean subtracted (and divided by the standard
-    deviation), as :class:`keras_identity.data.Normalization` defines it:
+    """``x / 255``, then the mean subtracted (and divided by the standard deviation), as
+    :class:`keras_identity.data.Normalization` defines it:
 
-    * ``"per_pixel_mean"``: minus the mean training image (He et al. 2015,
-      Sec. 4.2, the recipe of both ResNet papers' CIFAR experiments);
-    * ``"per_channel"``: minus the channel means, over the channel standard
-      deviations (fb.resnet.torch's ImageNet statistics, the highway
-      CIFAR recipe);
+    * ``"per_pixel_mean"``: minus the mean training image (He et al. 2015, Sec. 4.2, the
+      recipe of both ResNet papers' CIFAR experiments);
+    * ``"per_channel"``: minus the channel means, over the channel standard deviations
+      (fb.resnet.torch's ImageNet statistics, the highway CIFAR recipe);
     * ``"scale"``: nothing more (inputs in [0, 1], the highway paper's MNIST).
 
-    The statistics are part of the layer's config (so ``.keras`` files,
-    ``clone_model`` and exports carry them); give them as ``mean``/``std``
-    or compute them from training images with :meth:`adapt` before the
-    model is first called.  Computation is in float32 whatever the dtype
-    policy, on the inputs as given (not autocast to a mixed policy's
+    The statistics are part of the layer's config (so ``.keras`` files, ``clone_model`` and
+    exports carry them); give them as ``mean``/``std`` or compute them from training images
+    with :meth:`adapt` before the model is first called.  Computation is in float32 whatever
+    the dtype policy, on the inputs as given (not autocast to a mixed policy's
     bfloat16/float16); the output is cast to the layer's compute dtype.
 
     Args:
         mode: one of ``"per_pixel_mean"``, ``"per_channel"``, ``"scale"``.
-        mean: ``(height, width, channels)`` (per-pixel) or ``(channels,)``
-            (per-channel), in [0, 1] units.
+        mean: ``(height, width, channels)`` (per-pixel) or ``(channels,)`` (per-channel), in
+            [0, 1] units.
         std: ``(channels,)``, per-channel mode only.
     """
 

@@ -1,27 +1,25 @@
 """Highway networks and their plain counterparts (Srivastava et al. 2015).
 
-* Fully connected nets of the optimisation study (Sec. 3.1, Fig. 1): "each
-  layer has 50 blocks for highway networks and 71 units for plain networks,
-  yielding roughly identical numbers of parameters (~5000) per layer.  The
-  first layer is a fully connected plain layer followed by 9, 19, 49, or 99
-  fully connected plain or highway layers", then a softmax layer.  ``depth``
-  counts those hidden layers (10, 20, 50, 100).
-* Convolutional MNIST nets (Sec. 3.2, Table 1): "10-layer convolutional
-  highway networks ... each with 9 convolutional layers followed by a softmax
-  output.  The number of filter maps (width) was set to 16 and 32 for all the
-  layers."  The paper does not say more; our choices: a plain 3x3 stem
-  convolution, ``depth - 2`` 3x3 highway convolutions in three stages with
-  2x2 max pooling between them (28, 14, 7 pixels), global average pooling
-  and a softmax layer.  Width 16 gives 37,450 parameters, width 32 148,618
-  (the paper's ~39K and ~151K: -4.0% and -1.6%).
-* Convolutional CIFAR nets (Secs. 3.3): a plain stem convolution, three stages
-  of 3x3 highway convolutions separated by max pooling and a plain
-  convolution that doubles the width ("a plain layer to change
-  dimensionality"), and a 1x1 convolution with global average pooling in
-  place of a fully connected classifier (Sec. 3.3.2).  The paper does not
-  list the layer widths of its Fitnet-derived nets, so these are a design of
-  ours: widths (32, 64, 128) give 2.03M parameters at depth 19 (the paper's
-  19-layer Highway B has ~2.3M).
+* Fully connected nets of the optimisation study (Sec. 3.1, Fig. 1): "each layer has 50
+  blocks for highway networks and 71 units for plain networks, yielding roughly
+  identical numbers of parameters (~5000) per layer.  The first layer is a fully
+  connected plain layer followed by 9, 19, 49, or 99 fully connected plain or highway
+  layers", then a softmax layer.  ``depth`` counts those hidden layers (10, 20, 50,
+  100).
+* Convolutional MNIST nets (Sec. 3.2, Table 1): "10-layer convolutional highway networks
+  ... each with 9 convolutional layers followed by a softmax output.  The number of
+  filter maps (width) was set to 16 and 32 for all the layers."  The paper does not say
+  more; our choices: a plain 3x3 stem convolution, ``depth - 2`` 3x3 highway
+  convolutions in three stages with 2x2 max pooling between them (28, 14, 7 pixels),
+  global average pooling and a softmax layer.  Width 16 gives 37,450 parameters, width
+  32 148,618 (the paper's ~39K and ~151K: -4.0% and -1.6%).
+* Convolutional CIFAR nets (Secs. 3.3): a plain stem convolution, three stages of 3x3
+  highway convolutions separated by max pooling and a plain convolution that doubles the
+  width ("a plain layer to change dimensionality"), and a 1x1 convolution with global
+  average pooling in place of a fully connected classifier (Sec. 3.3.2).  The paper does
+  not list the layer widths of its Fitnet-derived nets, so these are a design of ours:
+  widths (32, 64, 128) give 2.03M parameters at depth 19 (the paper's 19-layer Highway B
+  has ~2.3M).
 """
 
 import math
@@ -239,31 +237,28 @@ def highway_net(depth=50, *, dataset="mnist", architecture=None, width=None,
     """A highway network of ``depth`` layers (Srivastava et al. 2015).
 
     Args:
-        depth: fully connected nets: hidden layers (a plain first layer, then
-            ``depth - 1`` highway layers; the paper's 10, 20, 50, 100).
-            Convolutional MNIST nets: every weight layer, >= 3 (a stem,
-            ``depth - 2`` highway layers, the softmax layer; Table 1's 10).
-            Convolutional CIFAR nets: all convolutions, >= 7 (a stem,
-            ``depth - 4`` highway layers in three stages, two transitions, a
-            1x1 classifier).
+        depth: fully connected nets: hidden layers (a plain first layer, then ``depth - 1``
+            highway layers; the paper's 10, 20, 50, 100).  Convolutional MNIST nets: every
+            weight layer, >= 3 (a stem, ``depth - 2`` highway layers, the softmax layer;
+            Table 1's 10).  Convolutional CIFAR nets: all convolutions, >= 7 (a stem,
+            ``depth - 4`` highway layers in three stages, two transitions, a 1x1
+            classifier).
         dataset: ``"mnist"``, ``"cifar10"`` or ``"cifar100"``.
-        architecture: ``"fully_connected"`` (default for MNIST) or
-            ``"convolutional"`` (default for CIFAR).
-        width: blocks per layer (fully connected, default 50), filter maps of
-            every layer (convolutional MNIST, default 16; Table 1: 16, 32), or
-            the widths of the three stages (convolutional CIFAR, default (32,
-            64, 128)).
-        activation: of the block state H and plain layers, ``"relu"`` or
-            ``"tanh"`` (the two the paper searched over).
-        transform_bias_init: initial transform-gate bias; ``None`` follows
-            the paper's guideline (-1/-2/-3 for depth ~10/20/30).
+        architecture: ``"fully_connected"`` (default for MNIST) or ``"convolutional"``
+            (default for CIFAR).
+        width: blocks per layer (fully connected, default 50), filter maps of every layer
+            (convolutional MNIST, default 16; Table 1: 16, 32), or the widths of the three
+            stages (convolutional CIFAR, default (32, 64, 128)).
+        activation: of the block state H and plain layers, ``"relu"`` or ``"tanh"`` (the two
+            the paper searched over).
+        transform_bias_init: initial transform-gate bias; ``None`` follows the paper's
+            guideline (-1/-2/-3 for depth ~10/20/30).
         carry_gate: ``"coupled"`` (C = 1 - T, Eqn. 3) or ``"separate"`` (Eqn. 2).
         num_classes, input_shape: default to the dataset's.
         kernel_regularizer: regularizer of every kernel.
-        include_top, pooling, include_preprocessing, normalization, weights:
-            as for :func:`keras_identity.models.resnet` (``pooling`` for
-            convolutional nets; the recipe's normalisation is ``"scale"``
-            for MNIST, per-channel for CIFAR).
+        include_top, pooling, include_preprocessing, normalization, weights: as for
+            :func:`keras_identity.models.resnet` (``pooling`` for convolutional nets; the
+            recipe's normalisation is ``"scale"`` for MNIST, per-channel for CIFAR).
         name: model name.
     """
     return _net(depth, highway=True, dataset=dataset, architecture=architecture,
@@ -280,22 +275,20 @@ def plain_net(depth=50, *, dataset="mnist", architecture=None, width=None,
               include_preprocessing=False, normalization=None, weights=None, name=None):
     """The plain counterpart of :func:`highway_net` (Fig. 1's "plain" nets).
 
-    Same layout with plain layers: 71 units per fully connected layer, so a
-    layer has about the parameters of a 50-block highway layer; convolutional
-    stages are sqrt(2) times wider than the highway ones for the same reason.
-    (The plain CNNs of He et al. 2015 are
+    Same layout with plain layers: 71 units per fully connected layer, so a layer has about
+    the parameters of a 50-block highway layer; convolutional stages are sqrt(2) times wider
+    than the highway ones for the same reason.  (The plain CNNs of He et al. 2015 are
     ``resnet(depth, shortcut="constant_scaling", shortcut_scale=0.0)``.)
 
-    ``activation="crelu"`` puts a :class:`keras_identity.layers.CReLU` after
-    every plain layer and narrows the default widths by 1/sqrt(2) for about
-    the same parameters (Balduzzi et al. 2017, Sec. 5.1: 50 units per fully
-    connected layer); with ``kernel_initializer="looks_linear"`` every layer
-    after the first gets a :class:`keras_identity.initializers.LooksLinear`
-    kernel and the first an orthogonal one, so a fully connected net is
-    exactly linear at initialisation (a convolutional one within each stage:
-    its max pooling is not linear).  Other ``kernel_initializer`` values are
-    Keras initializers (default: Glorot uniform, Keras's).  Other arguments
-    as for :func:`highway_net`.
+    ``activation="crelu"`` puts a :class:`keras_identity.layers.CReLU` after every plain
+    layer and narrows the default widths by 1/sqrt(2) for about the same parameters
+    (Balduzzi et al. 2017, Sec. 5.1: 50 units per fully connected layer); with
+    ``kernel_initializer="looks_linear"`` every layer after the first gets a
+    :class:`keras_identity.initializers.LooksLinear` kernel and the first an orthogonal one,
+    so a fully connected net is exactly linear at initialisation (a convolutional one within
+    each stage: its max pooling is not linear).  Other ``kernel_initializer`` values are
+    Keras initializers (default: Glorot uniform, Keras's).  Other arguments as for
+    :func:`highway_net`.
     """
     return _net(depth, highway=False, dataset=dataset, architecture=architecture,
                 width=width, activation=activation, transform_bias_init=None,

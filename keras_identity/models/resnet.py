@@ -335,77 +335,70 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     """Builds a ResNet of ``depth`` layers from :class:`ResidualUnit` layers.
 
     Args:
-        depth: number of weight layers; CIFAR 6n+2 (basic), 9n+2
-            (bottleneck), 3n+2 (single); ImageNet 18, 34, 50, 101, 152, 200;
-            MNIST 2n+2 (basic).
-        dataset: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` or ``"mnist"``;
-            sets the architecture family, input shape and number of classes.
+        depth: number of weight layers; CIFAR 6n+2 (basic), 9n+2 (bottleneck), 3n+2
+            (single); ImageNet 18, 34, 50, 101, 152, 200; MNIST 2n+2 (basic).
+        dataset: ``"cifar10"``, ``"cifar100"``, ``"imagenet"`` or ``"mnist"``; sets the
+            architecture family, input shape and number of classes.
         unit: Fig. 4 ordering (``"original"`` ... ``"full_preactivation"``).
-        shortcut: Fig. 2 shortcut: a name (``"identity"`` ... ``"dropout"``) or
-            an object of :mod:`keras_identity.layers.shortcuts` carrying its
-            arguments, e.g. ``ExclusiveGating(gate_bias_init=-6.0)``.
-        block: ``"basic"``, ``"bottleneck"`` or ``"single"``; ``None`` follows
-            the papers (see :func:`resolve_depth`).
+        shortcut: Fig. 2 shortcut: a name (``"identity"`` ... ``"dropout"``) or an object of
+            :mod:`keras_identity.layers.shortcuts` carrying its arguments, e.g.
+            ``ExclusiveGating(gate_bias_init=-6.0)``.
+        block: ``"basic"``, ``"bottleneck"`` or ``"single"``; ``None`` follows the papers
+            (see :func:`resolve_depth`).
         num_classes: classifier outputs (default: the dataset's classes).
-        input_shape: ``(height, width, channels)``; ImageNet nets are fully
-            convolutional, e.g. ``(320, 320, 3)`` for Table 5's test crop.
-        dimension_shortcut: ``"A"`` (zero padding) or ``"B"`` (projection) for
-            units that change shape; default A for basic/single CIFAR and MNIST
-            nets (He et al. 2015, Sec. 4.2), B otherwise.
-        shortcut_scale, scale_residual, gate_bias_init, shortcut_dropout_rate:
-            parameters of the shortcut variants (lambda and frozen gating of
-            ``constant_scaling``, b_g of the gated shortcuts, the rate of
-            ``dropout``), see :mod:`keras_identity.layers.residual.shortcuts`;
-            one given to a shortcut it does not apply to is refused.
-        stochastic_depth_rate: drop rate of the last unit; unit l of L drops
-            with ``rate * l / L`` (Huang et al.'s linear decay).  0 disables.
-        stride_on_1x1: bottleneck stride on the first 1x1 convolution (the
-            authors' code) or, if False, on the 3x3 (fb.resnet.torch).
-        include_top: add global average pooling and the classifier;
-            without it the model returns features (see ``pooling``).
-        classifier_activation: activation of the classifier (``"softmax"``;
-            ``None`` returns logits).
+        input_shape: ``(height, width, channels)``; ImageNet nets are fully convolutional,
+            e.g. ``(320, 320, 3)`` for Table 5's test crop.
+        dimension_shortcut: ``"A"`` (zero padding) or ``"B"`` (projection) for units that
+            change shape; default A for basic/single CIFAR and MNIST nets (He et al. 2015,
+            Sec. 4.2), B otherwise.
+        shortcut_scale, scale_residual, gate_bias_init, shortcut_dropout_rate: parameters of
+            the shortcut variants (lambda and frozen gating of ``constant_scaling``, b_g of
+            the gated shortcuts, the rate of ``dropout``), see
+            :mod:`keras_identity.layers.residual.shortcuts`; one given to a shortcut it does
+            not apply to is refused.
+        stochastic_depth_rate: drop rate of the last unit; unit l of L drops with
+            ``rate * l / L`` (Huang et al.'s linear decay).  0 disables.
+        stride_on_1x1: bottleneck stride on the first 1x1 convolution (the authors' code)
+            or, if False, on the 3x3 (fb.resnet.torch).
+        include_top: add global average pooling and the classifier; without it the model
+            returns features (see ``pooling``).
+        classifier_activation: activation of the classifier (``"softmax"``; ``None`` returns
+            logits).
         kernel_regularizer: regularizer of every kernel (e.g. weight decay).
-        bn_momentum, bn_epsilon: BatchNormalization settings (Torch's 0.9 and
-            1e-5, as the authors' code).
+        bn_momentum, bn_epsilon: BatchNormalization settings (Torch's 0.9 and 1e-5, as the
+            authors' code).
         stage_mode: how each stage's units are realised: ``"unrolled"`` (one
-            :class:`ResidualUnit` layer per unit), ``"scan"`` (the units after
-            the first in one :class:`ResidualStack` that loops over stacked
-            weights: build, trace and XLA compile time stay flat in depth) or
-            ``"auto"``, the default (scan for stages of at least 12 units,
-            whatever the shortcut: CIFAR ResNet-110, -164, -1001, the long
-            third stage of ImageNet ResNet-101/152/200; unrolled otherwise).
-            The forms compute the same function and exchange weights with
-            :func:`transfer_weights` (``keras_identity.models.unroll`` gives
-            a looped model's unrolled twin).
-        recompute: what the looped units compute again in the backward pass
-            instead of keeping it, so ResNet-1001 trains at larger batches in
-            the same memory: ``"none"``; ``"bn_relu"``, the BN-ReLU outputs
-            (half the kept feature maps of a pre-activation bottleneck, for
-            one BN-ReLU pass per BN); ``"unit"``, everything but each unit's
-            input (for one more forward pass).  The README's Performance
-            section has the measurements.
-            Other than ``"none"`` it loops every stage
+            :class:`ResidualUnit` layer per unit), ``"scan"`` (the units after the first in
+            one :class:`ResidualStack` that loops over stacked weights: build, trace and XLA
+            compile time stay flat in depth) or ``"auto"``, the default (scan for stages of
+            at least 12 units, whatever the shortcut: CIFAR ResNet-110, -164, -1001, the
+            long third stage of ImageNet ResNet-101/152/200; unrolled otherwise).  The forms
+            compute the same function and exchange weights with :func:`transfer_weights`
+            (``keras_identity.models.unroll`` gives a looped model's unrolled twin).
+        recompute: what the looped units compute again in the backward pass instead of
+            keeping it, so ResNet-1001 trains at larger batches in the same memory:
+            ``"none"``; ``"bn_relu"``, the BN-ReLU outputs (half the kept feature maps of a
+            pre-activation bottleneck, for one BN-ReLU pass per BN); ``"unit"``, everything
+            but each unit's input (for one more forward pass).  The README's Performance
+            section has the measurements.  Other than ``"none"`` it loops every stage
             (``stage_mode="unrolled"`` is then an error).
         seed: seed for initialisers and random masks (reproducible builds).
         include_preprocessing: put the input normalisation in the model (an
-            :class:`ImageNormalization` layer named ``"preprocessing"``): the
-            model then takes pixel values in [0, 255] in training, `.keras`
-            files and exports.  Without it the model takes normalised inputs.
-        normalization: with ``include_preprocessing``, a mode
-            (``"per_pixel_mean"``, ``"per_channel"``, ``"scale"``) or a
-            :class:`keras_identity.data.Normalization` with the training
-            set's statistics; ``None`` is the recipe's mode (CIFAR: per-pixel
-            mean; ImageNet: per-channel with ImageNet's statistics).  A mode
-            given without statistics needs
+            :class:`ImageNormalization` layer named ``"preprocessing"``): the model then
+            takes pixel values in [0, 255] in training, `.keras` files and exports.  Without
+            it the model takes normalised inputs.
+        normalization: with ``include_preprocessing``, a mode (``"per_pixel_mean"``,
+            ``"per_channel"``, ``"scale"``) or a :class:`keras_identity.data.Normalization`
+            with the training set's statistics; ``None`` is the recipe's mode (CIFAR:
+            per-pixel mean; ImageNet: per-channel with ImageNet's statistics).  A mode given
+            without statistics needs
             ``model.get_layer("preprocessing").adapt(train_images)``.
-        pooling: with ``include_top=False``: ``None`` (the last feature map,
-            after the final BN-ReLU of pre-activation nets), ``"avg"`` or
-            ``"max"`` (global pooling to one vector per image).
-        weights: a ``.keras`` file of a trained model (its weights are
-            copied by layer and unit name, across stage modes; the
-            classifier is left out when ``include_top=False``) or a
-            ``.weights.h5`` file of this very architecture.
+        pooling: with ``include_top=False``: ``None`` (the last feature map, after the final
+            BN-ReLU of pre-activation nets), ``"avg"`` or ``"max"`` (global pooling to one
+            vector per image).
+        weights: a ``.keras`` file of a trained model (its weights are copied by layer and
+            unit name, across stage modes; the classifier is left out when
+            ``include_top=False``) or a ``.weights.h5`` file of this very architecture.
         name: model name (default e.g. ``"preact_resnet164"``).
 
     Returns:

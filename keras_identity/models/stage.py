@@ -107,21 +107,20 @@ def residual_stage(x, *, stage, num_units, filters, strides, unit_kwargs,
 
     Args:
         x: the stage's input (a KerasTensor of a functional model).
-        stage: the stage's number, used in the layer names
-            (``stage2_unit3``; the unit's weight layers are
-            ``stage2_unit3_conv1`` ...).
+        stage: the stage's number, used in the layer names (``stage2_unit3``; the unit's
+            weight layers are ``stage2_unit3_conv1`` ...).
         num_units: units in the stage.
         filters: output channels of every unit.
         strides: stride of the first unit; the others keep the size.
-        unit_kwargs: :class:`ResidualUnit` arguments shared by all units
-            (``seed`` is the model's: each unit gets :func:`unit_seed`).
-        first_unit_kwargs: overrides for the first unit (the unit that changes
-            shape, and that may share its pre-activation).
+        unit_kwargs: :class:`ResidualUnit` arguments shared by all units (``seed`` is the
+            model's: each unit gets :func:`unit_seed`).
+        first_unit_kwargs: overrides for the first unit (the unit that changes shape, and
+            that may share its pre-activation).
         stochastic_depth_rates: one drop rate per unit, or ``None``.
         stage_mode: ``"unrolled"``, ``"scan"`` or ``"auto"`` (see the module).
-        recompute: ``"none"``, ``"bn_relu"`` or ``"unit"``: what the looped
-            units recompute in the backward pass rather than keep (see
-            :class:`ResidualStack`); other than ``"none"`` it loops the stage.
+        recompute: ``"none"``, ``"bn_relu"`` or ``"unit"``: what the looped units recompute
+            in the backward pass rather than keep (see :class:`ResidualStack`); other than
+            ``"none"`` it loops the stage.
 
     Returns:
         The stage's output.
@@ -191,16 +190,14 @@ def _unit_weight_table(model):
 def transfer_weights(source, target, ignore_source_layers=()):
     """Copies every weight of ``source`` into ``target``, across stage modes.
 
-    The two models must be the same network (same builder arguments) built
-    with any ``stage_mode``: a looped stage's unit ``j`` receives the weights
-    of the unrolled layer ``stage{s}_unit{j}`` and the other way round, BN
-    moving statistics included.  Weights of the source layers named in
-    ``ignore_source_layers`` may have no place in the target (a classifier
-    left out of a backbone).
+    The two models must be the same network (same builder arguments) built with any
+    ``stage_mode``: a looped stage's unit ``j`` receives the weights of the unrolled layer
+    ``stage{s}_unit{j}`` and the other way round, BN moving statistics included.  Weights of
+    the source layers named in ``ignore_source_layers`` may have no place in the target (a
+    classifier left out of a backbone).
 
     Raises:
-        ValueError: naming the first weight that is missing or whose shape
-            differs.
+        ValueError: naming the first weight that is missing or whose shape differs.
     """
     table = _unit_weight_table(source)
     used = set()

@@ -67,22 +67,20 @@ def _h5_mismatch(model, path):
 
 
 def load_weights(model, weights):
-    """Loads ``weights`` (a ``.keras`` or ``.weights.h5`` path, local or in a
-    bucket) into ``model``.
+    """Loads ``weights`` (a ``.keras`` or ``.weights.h5`` path, local or in a bucket) into
+    ``model``.
 
     A ``.keras`` model gives its weights by layer name (and by unit, across
     ``stage_mode``s): the target may leave out the source's classifier
-    (``include_top=False``), every other weight must have its place and
-    shape.  If both models include their preprocessing, the target takes
-    the source's normalisation statistics too (the features were learned on
-    inputs normalised so).  A ``.weights.h5`` file (also a training
-    checkpoint) must come from this very architecture; it holds no
-    normalisation statistics, so a model with its preprocessing still needs
-    them (``normalization=`` or ``adapt``).
+    (``include_top=False``), every other weight must have its place and shape.  If both
+    models include their preprocessing, the target takes the source's normalisation
+    statistics too (the features were learned on inputs normalised so).  A ``.weights.h5``
+    file (also a training checkpoint) must come from this very architecture; it holds no
+    normalisation statistics, so a model with its preprocessing still needs them
+    (``normalization=`` or ``adapt``).
 
     Raises:
-        ValueError: one line naming the file and the first weight that does
-            not fit.
+        ValueError: one line naming the file and the first weight that does not fit.
     """
     check_weights_path(weights)
     with storage.local_copy(str(weights)) as local:

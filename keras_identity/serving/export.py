@@ -71,34 +71,31 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
 
     Args:
         model: a Keras model (e.g. ``keras.models.load_model(".../model.keras")``).
-        export_base: TF Serving's ``--model_base_path``: a local folder, or a
-            bucket's (``gs://BUCKET/...``; written locally, then uploaded).
-        preprocessing: ``None`` (a model built with ``include_preprocessing``
-            carries its normalisation), or the dict of
-            :func:`keras_identity.data.load_preprocessing`: class names,
-            ImageNet evaluation resize, and the normalisation the signatures
-            apply for a model without its own (runs made before models
-            carried their preprocessing).  The version's
-            ``assets.extra/inputs.txt`` says which applies.
-        class_names: the names the signatures return (default: the
-            preprocessing's, else the class indices).
+        export_base: TF Serving's ``--model_base_path``: a local folder, or a bucket's
+            (``gs://BUCKET/...``; written locally, then uploaded).
+        preprocessing: ``None`` (a model built with ``include_preprocessing`` carries its
+            normalisation), or the dict of :func:`keras_identity.data.load_preprocessing`:
+            class names, ImageNet evaluation resize, and the normalisation the signatures
+            apply for a model without its own (runs made before models carried their
+            preprocessing).  The version's ``assets.extra/inputs.txt`` says which applies.
+        class_names: the names the signatures return (default: the preprocessing's, else the
+            class indices).
         version: version number (default: the next free one).
         top_k: classes returned per example.
         model_name: ``model_spec.name`` of the warm-up requests.
         warmup: write ``assets.extra/tf_serving_warmup_requests``.
         float32: serve a mixed-precision model in float32.
         overwrite: replace an existing version.
-        max_image_bytes, max_image_pixels: bounds on each image sent to
-            ``serving_bytes`` (``InvalidArgument`` beyond them, before decoding).
+        max_image_bytes, max_image_pixels: bounds on each image sent to ``serving_bytes``
+            (``InvalidArgument`` beyond them, before decoding).
 
     Returns:
         The version directory (in a bucket for an ``export_base`` there).
 
     Raises:
-        ValueError: a bad argument, or an ``export_base`` that cannot be
-            written (one line).
-        storage.StorageError: the bucket failed while the version was
-            uploaded (what was uploaded of a new version is removed).
+        ValueError: a bad argument, or an ``export_base`` that cannot be written (one line).
+        storage.StorageError: the bucket failed while the version was uploaded (what was
+            uploaded of a new version is removed).
     """
     if keras.backend.backend() not in ("tensorflow", "jax"):
         raise ValueError(f"export_saved_model runs on the TensorFlow and JAX backends; the "

@@ -1,30 +1,27 @@
 """Serving functions: the model behind TF Serving's request formats.
 
-Three signatures, each returning ``probabilities`` (float32, [N, classes]),
-the top-k ``classes`` (int64), their ``scores`` (float32) and their
-``class_names`` (string):
+Three signatures, each returning ``probabilities`` (float32, [N, classes]), the top-k
+``classes`` (int64), their ``scores`` (float32) and their ``class_names`` (string):
 
-* ``serving_default``: ``images``, float32 [N, H, W, C] pixel values in
-  [0, 255] (the model's input layout); NaN, infinities and values outside
-  [0, 255] are refused with ``InvalidArgument`` (TF Serving: HTTP 400);
-* ``serving_bytes``: ``image_bytes``, string [N] of JPEG/PNG/GIF/BMP bytes
-  (the ``_bytes`` suffix lets TF Serving's REST API accept
-  ``{"b64": ...}``), decoded and resized/cropped as at evaluation time;
+* ``serving_default``: ``images``, float32 [N, H, W, C] pixel values in [0, 255] (the
+  model's input layout); NaN, infinities and values outside [0, 255] are refused with
+  ``InvalidArgument`` (TF Serving: HTTP 400);
+* ``serving_bytes``: ``image_bytes``, string [N] of JPEG/PNG/GIF/BMP bytes (the
+  ``_bytes`` suffix lets TF Serving's REST API accept ``{"b64": ...}``), decoded and
+  resized/cropped as at evaluation time;
 * ``serving_uint8``: ``images``, uint8 [N, H, W, C].
 
-A client sends plain pixels: a model built with ``include_preprocessing``
-normalises them itself, and for a model without it (runs made before
-models carried their preprocessing) the signatures apply the training
-run's :class:`Normalization` from ``preprocessing.json`` in the graph.  A
-model with neither receives the pixel values as they are (see
-:func:`input_description`).  Inputs of the wrong size or
-corrupt image bytes fail with ``InvalidArgument``, and so does an encoded
-image over ``max_image_bytes`` or one whose header (JPEG, PNG, GIF, BMP)
-declares more than ``max_image_pixels`` pixels, before it is decoded: the
-decode is in the exported graph, so without a bound one small request of
-decompression bombs takes a server's memory.  The channel dimension is
-static (Keras compiles convolutions over an unknown channel count with XLA,
-which TF Serving builds need not have).
+A client sends plain pixels: a model built with ``include_preprocessing`` normalises
+them itself, and for a model without it (runs made before models carried their
+preprocessing) the signatures apply the training run's :class:`Normalization` from
+``preprocessing.json`` in the graph.  A model with neither receives the pixel values as
+they are (see :func:`input_description`).  Inputs of the wrong size or corrupt image
+bytes fail with ``InvalidArgument``, and so does an encoded image over
+``max_image_bytes`` or one whose header (JPEG, PNG, GIF, BMP) declares more than
+``max_image_pixels`` pixels, before it is decoded: the decode is in the exported graph,
+so without a bound one small request of decompression bombs takes a server's memory.
+The channel dimension is static (Keras compiles convolutions over an unknown channel
+count with XLA, which TF Serving builds need not have).
 """
 
 import tensorflow as tf
@@ -100,16 +97,15 @@ def make_serving_functions(model, preprocessing=None, top_k=5,
 
     Args:
         model: a Keras model.
-        forward: a TensorFlow callable computing ``model(images,
-            training=False)`` (default: the model itself, on TensorFlow; the
-            exporter passes the jax2tf-converted model on JAX).
-        preprocessing: ``None``, or the dict of :func:`load_preprocessing`
-            (normalisation, image shape, class names, ImageNet evaluation
-            resize); its normalisation is applied only to a model that does
-            not include its own.
+        forward: a TensorFlow callable computing ``model(images, training=False)`` (default:
+            the model itself, on TensorFlow; the exporter passes the jax2tf-converted model
+            on JAX).
+        preprocessing: ``None``, or the dict of :func:`load_preprocessing` (normalisation,
+            image shape, class names, ImageNet evaluation resize); its normalisation is
+            applied only to a model that does not include its own.
         top_k: classes and scores returned per example.
-        max_image_bytes, max_image_pixels: bounds on each encoded image of
-            ``serving_bytes`` (``InvalidArgument`` beyond, before decoding).
+        max_image_bytes, max_image_pixels: bounds on each encoded image of ``serving_bytes``
+            (``InvalidArgument`` beyond, before decoding).
     """
     for name, value in (("max_image_bytes", max_image_bytes),
                         ("max_image_pixels", max_image_pixels)):

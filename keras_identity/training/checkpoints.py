@@ -1,35 +1,32 @@
 """Fault-tolerant checkpoints: weights, optimizer state and history, by step.
 
-A checkpoint is written at the end of every epoch (an epoch of
-``steps_per_epoch`` steps) and inside epochs (:mod:`preemption`: a stop
-signal, ``--checkpoint_every``), into a local folder or a bucket
-(:mod:`keras_identity.storage`, where every file appears whole: locally by
-an atomic rename, in a bucket when its upload ends): first its state
-(``ckpt-<step>.state.json.partial``: step, epoch, history and, inside an
-epoch, the epoch's metric sums), then the weights file (model and optimizer
-variables, ``ckpt-<step>.weights.h5``), then the state under its own name
-and ``state.json`` naming the latest.  So a weights file under its own name
-always has its state or that whole ``.partial`` beside it: a run killed at
-any moment therefore finds an intact checkpoint (completing one whose state
-was not yet renamed) and loses at most the training since it.  A latest checkpoint that cannot be read
-(a damaged disk, a copy cut short, a state whose step, epoch or weights name
-disagree, a file that is not a regular file) is skipped with a warning for
-the newest one that can.
+A checkpoint is written at the end of every epoch (an epoch of ``steps_per_epoch``
+steps) and inside epochs (:mod:`preemption`: a stop signal, ``--checkpoint_every``),
+into a local folder or a bucket (:mod:`keras_identity.storage`, where every file appears
+whole: locally by an atomic rename, in a bucket when its upload ends): first its state
+(``ckpt-<step>.state.json.partial``: step, epoch, history and, inside an epoch, the
+epoch's metric sums), then the weights file (model and optimizer variables,
+``ckpt-<step>.weights.h5``), then the state under its own name and ``state.json`` naming
+the latest.  So a weights file under its own name always has its state or that whole
+``.partial`` beside it: a run killed at any moment therefore finds an intact checkpoint
+(completing one whose state was not yet renamed) and loses at most the training since
+it.  A latest checkpoint that cannot be read (a damaged disk, a copy cut short, a state
+whose step, epoch or weights name disagree, a file that is not a regular file) is
+skipped with a warning for the newest one that can.
 
-These are the HDF5 checkpoints (``--checkpoint_format=h5``: TensorFlow's,
-and the JAX route's on request).  The JAX route's Orbax checkpoints are
-:mod:`orbax_checkpoints`' (a subclass that reads both); this class refuses a
-folder holding them in one line rather than start the run over.
+These are the HDF5 checkpoints (``--checkpoint_format=h5``: TensorFlow's, and the JAX
+route's on request).  The JAX route's Orbax checkpoints are :mod:`orbax_checkpoints`' (a
+subclass that reads both); this class refuses a folder holding them in one line rather
+than start the run over.
 
-``state.json`` is only an index: every checkpoint carries its own state
-(including the run's identity, the flags it was trained with), so a run
-whose ``state.json`` is missing or garbled still resumes from the newest
-checkpoint.  A checkpoint trained with other flags than the run's (copied
-in from another run) is never resumed; the trainer refuses it in one line.
-A run never deletes or overwrites a checkpoint it did not write, except the
-older checkpoints of the very run it continues, and refuses a
-``checkpoints`` folder that is a symbolic link (another run's folder, whose
-checkpoints the keep policy would delete).
+``state.json`` is only an index: every checkpoint carries its own state (including the
+run's identity, the flags it was trained with), so a run whose ``state.json`` is missing
+or garbled still resumes from the newest checkpoint.  A checkpoint trained with other
+flags than the run's (copied in from another run) is never resumed; the trainer refuses
+it in one line.  A run never deletes or overwrites a checkpoint it did not write, except
+the older checkpoints of the very run it continues, and refuses a ``checkpoints`` folder
+that is a symbolic link (another run's folder, whose checkpoints the keep policy would
+delete).
 """
 
 import errno
@@ -252,23 +249,21 @@ class Checkpointer:
                 if re.fullmatch(r"ckpt-.*\.weights\.h5", name)]
 
     def latest(self):
-        """The saved state (``step``, ``epoch``, ``weights``, ``history`` and,
-        when it was recorded, ``identity``) or None when there is no checkpoint.
+        """The saved state (``step``, ``epoch``, ``weights``, ``history`` and, when it was
+        recorded, ``identity``) or None when there is no checkpoint.
 
-        ``state.json`` names the latest checkpoint; when it is missing, cannot
-        be read, names a checkpoint that is not there (or whose state it
-        contradicts) or an older one than the newest checkpoint with a
-        readable state of its own, that checkpoint's state is used (with a
-        warning when ``state.json`` is missing or unusable).  A checkpoint
-        whose own state was written but not yet renamed (the process killed
-        between the two) counts with that state; one whose state write was
-        cut short before that is passed over with a warning.
+        ``state.json`` names the latest checkpoint; when it is missing, cannot be read,
+        names a checkpoint that is not there (or whose state it contradicts) or an older one
+        than the newest checkpoint with a readable state of its own, that checkpoint's state
+        is used (with a warning when ``state.json`` is missing or unusable).  A checkpoint
+        whose own state was written but not yet renamed (the process killed between the two)
+        counts with that state; one whose state write was cut short before that is passed
+        over with a warning.
 
         Raises:
-            CheckpointError: the folder or ``state.json`` is not what a run
-                writes (:meth:`check_directory`), or there are checkpoints,
-                but none has a readable state (neither ``state.json`` nor
-                their own).
+            CheckpointError: the folder or ``state.json`` is not what a run writes
+                (:meth:`check_directory`), or there are checkpoints, but none has a readable
+                state (neither ``state.json`` nor their own).
         """
         self.check_directory()
         names = storage.listdir(self.directory)
@@ -350,12 +345,11 @@ class Checkpointer:
     def restore(self, model, state=None):
         """Loads the newest readable checkpoint into ``model`` (and its optimizer).
 
-        ``state``: what :meth:`latest` returned, when the caller has read it
-        already (it is not read, nor warned about, twice).  Returns the state
-        restored, or None when there is no checkpoint.  A checkpoint whose
-        weights cannot be read, or do not match the model and its optimizer
-        variable for variable, is skipped with a warning naming it; so is an
-        older one recorded with other flags than this run's.
+        ``state``: what :meth:`latest` returned, when the caller has read it already (it is
+        not read, nor warned about, twice).  Returns the state restored, or None when there
+        is no checkpoint.  A checkpoint whose weights cannot be read, or do not match the
+        model and its optimizer variable for variable, is skipped with a warning naming it;
+        so is an older one recorded with other flags than this run's.
 
         Raises:
             CheckpointError: there are checkpoints, but none can be read.

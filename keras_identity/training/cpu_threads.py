@@ -1,41 +1,38 @@
-"""Threads of TensorFlow's CPU operations in training: how many cores each
-operation runs on, and how many operations run at once.
+"""Threads of TensorFlow's CPU operations in training: how many cores each operation
+runs on, and how many operations run at once.
 
 TensorFlow runs a CPU operation's kernel (oneDNN's convolutions, its batch
-normalisation) on its intra-op thread pool, every core by default, and
-starts independent operations (in a training step: a convolution's input
-and filter gradients, the next unit's forward work in a looped stage) on an
-inter-op pool.  At small batches a convolution is too small to split well
-over TensorFlow's pool: at ResNet-1001's shapes (batch 16, 16-64 channels)
-a 3x3 convolution on two cores took about twice PyTorch's time for the same
-oneDNN call (docs/performance.md, "Threads per operation").  Two operations
-at once on one core each then keep both cores busier than one operation on
-two.  At larger batches each operation splits well and the intra-op pool is
-faster.  Measured on 2 cores (AMD EPYC, AVX-512, oneDNN; docs/performance.md):
-one thread per operation, two at once, trains ResNet-1001 and ResNet-164 at
-batch 16 faster than TensorFlow's own split, and ResNet-164 at batch 64
-slower.  With one thread per operation the looped stages run their
-identity units in as many parts along the batch as operations run at once,
-forward and backward, BN's sums shared
-(:func:`keras_identity.layers.residual._tf_batch_parts.batch_parts`), and split
-the other units' forward convolutions so
-(:func:`keras_identity.layers.residual._tf_batch_parts.conv_parts`): a unit's
-operations are otherwise a chain, one at a time.
+normalisation) on its intra-op thread pool, every core by default, and starts
+independent operations (in a training step: a convolution's input and filter gradients,
+the next unit's forward work in a looped stage) on an inter-op pool.  At small batches a
+convolution is too small to split well over TensorFlow's pool: at ResNet-1001's shapes
+(batch 16, 16-64 channels) a 3x3 convolution on two cores took about twice PyTorch's
+time for the same oneDNN call (docs/performance.md, "Threads per operation").  Two
+operations at once on one core each then keep both cores busier than one operation on
+two.  At larger batches each operation splits well and the intra-op pool is faster.
+Measured on 2 cores (AMD EPYC, AVX-512, oneDNN; docs/performance.md): one thread per
+operation, two at once, trains ResNet-1001 and ResNet-164 at batch 16 faster than
+TensorFlow's own split, and ResNet-164 at batch 64 slower.  With one thread per
+operation the looped stages run their identity units in as many parts along the batch as
+operations run at once, forward and backward, BN's sums shared
+(:func:`keras_identity.layers.residual._tf_batch_parts.batch_parts`), and split the
+other units' forward convolutions so
+(:func:`keras_identity.layers.residual._tf_batch_parts.conv_parts`): a unit's operations
+are otherwise a chain, one at a time.
 
 So :func:`choose` (``--intra_op_threads``, :class:`TrainConfig
 <keras_identity.training.TrainConfig>`) picks, for training on a CPU:
 
-* ``None`` (default): two operations at once with half the cores each where
-  a replica's batch gives each core at most :data:`SMALL_BATCH_PER_CORE`
-  images; TensorFlow's own split otherwise, and wherever a GPU or TPU
-  trains (the CPU then only feeds it);
+* ``None`` (default): two operations at once with half the cores each where a replica's
+  batch gives each core at most :data:`SMALL_BATCH_PER_CORE` images; TensorFlow's own
+  split otherwise, and wherever a GPU or TPU trains (the CPU then only feeds it);
 * ``0``: TensorFlow's own split (every core per operation);
 * ``N``: N threads per operation, ``max(2, cores // N)`` operations at once.
 
-TensorFlow fixes its pools when its runtime starts (the first operation or
-device query), so :func:`configure` runs before the run's strategy is made;
-in a process whose runtime already started (a notebook that ran
-TensorFlow before) the pools stay as they are, and the line says so.
+TensorFlow fixes its pools when its runtime starts (the first operation or device
+query), so :func:`configure` runs before the run's strategy is made; in a process whose
+runtime already started (a notebook that ran TensorFlow before) the pools stay as they
+are, and the line says so.
 """
 
 from keras_identity import _checks

@@ -161,28 +161,24 @@ class RestoreMetrics(keras.callbacks.Callback):
 
 
 class InEpochCheckpoints(keras.callbacks.Callback):
-    """Raises :class:`SaveRequest` before the call that follows a step where
-    a checkpoint is due inside an epoch: a stop signal has arrived,
-    ``every_steps`` steps or ``every_seconds`` of training have passed since
-    the last checkpoint.  Epoch ends are left to the run's own checkpoint: a
-    signal that arrives in an epoch's last call or its evaluation stops the
-    run right after it (:meth:`on_epoch_end`; this callback comes last).  A
-    signal once the run's last step is done is left alone: the run ends.
+    """Raises :class:`SaveRequest` before the call that follows a step where a checkpoint is
+    due inside an epoch: a stop signal has arrived, ``every_steps`` steps or
+    ``every_seconds`` of training have passed since the last checkpoint.  Epoch ends are
+    left to the run's own checkpoint: a signal that arrives in an epoch's last call or its
+    evaluation stops the run right after it (:meth:`on_epoch_end`; this callback comes
+    last).  A signal once the run's last step is done is left alone: the run ends.
 
-    The step a request names is the position in the data stream (the
-    batches consumed: :meth:`begin_fit` gives where a fit starts), not the
-    optimizer's count, which a skipped float16 step does not advance.
+    The step a request names is the position in the data stream (the batches consumed:
+    :meth:`begin_fit` gives where a fit starts), not the optimizer's count, which a skipped
+    float16 step does not advance.
 
-    In a single process the decision is taken before each call
-    (``on_train_batch_begin``, in the main thread, reading only the step,
-    the clock and the signal flag), so a checkpoint due after a call is
-    written there on every backend (after each call, on JAX, it would run in
-    Keras's asynchronous callback threads, calls behind).  Across processes
-    it is taken after each call, the same in every one
-    (:func:`strategies.any_over_processes`, once per call, over a fixed list
-    of flags; the callbacks then run in order),
-    and acted on before the next; a decision made before the last
-    checkpoint is dropped.
+    In a single process the decision is taken before each call (``on_train_batch_begin``, in
+    the main thread, reading only the step, the clock and the signal flag), so a checkpoint
+    due after a call is written there on every backend (after each call, on JAX, it would
+    run in Keras's asynchronous callback threads, calls behind).  Across processes it is
+    taken after each call, the same in every one (:func:`strategies.any_over_processes`,
+    once per call, over a fixed list of flags; the callbacks then run in order), and acted
+    on before the next; a decision made before the last checkpoint is dropped.
     """
 
     _NAMES = DEFAULT_SIGNALS + OTHER_SIGNALS
@@ -320,23 +316,22 @@ def _loss_state_finite(values):
 def fit_resumable(model, *, make_train, validation_data, callbacks, strategy, steps_per_epoch,
                   start_step, end_step, checkpointer, history=list, state=dict, verbose=0,
                   metrics=None, print_fn=print, stop_directory=None, epoch_checkpoints=True):
-    """Trains ``model`` from ``start_step`` to ``end_step`` with ``model.fit``,
-    writing the checkpoints that :class:`InEpochCheckpoints` (the last of
-    ``callbacks``) requests and stopping on a signal.
+    """Trains ``model`` from ``start_step`` to ``end_step`` with ``model.fit``, writing the
+    checkpoints that :class:`InEpochCheckpoints` (the last of ``callbacks``) requests and
+    stopping on a signal.
 
-    ``make_train(step)``: the training stream from position ``step``.
-    ``checkpointer`` writes the checkpoints (``history()``: the run's rows so
-    far, and ``state()``: more of the caller's state, kept in each);
-    ``metrics``: the metric sums of the checkpoint this fit resumes from
-    inside an epoch.  ``epoch_checkpoints``: another callback writes each
-    epoch's end (the trainer's recorder); otherwise a signal at an epoch's
-    end is saved here too.  Returns the Keras ``History`` objects.
+    ``make_train(step)``: the training stream from position ``step``.  ``checkpointer``
+    writes the checkpoints (``history()``: the run's rows so far, and ``state()``: more of
+    the caller's state, kept in each); ``metrics``: the metric sums of the checkpoint this
+    fit resumes from inside an epoch.  ``epoch_checkpoints``: another callback writes each
+    epoch's end (the trainer's recorder); otherwise a signal at an epoch's end is saved here
+    too.  Returns the Keras ``History`` objects.
 
     Raises:
         Stopped: a stop signal, after the checkpoint of the step reached
             (``stop_directory``: where it says the checkpoint is).
-        TrainingDiverged: the epoch's loss is not finite where a checkpoint
-            was due (none is written).
+        TrainingDiverged: the epoch's loss is not finite where a checkpoint was due (none is
+            written).
         ValueError: no :class:`InEpochCheckpoints` among ``callbacks``.
     """
     in_epoch = callbacks[-1] if callbacks else None

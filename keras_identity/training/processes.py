@@ -1,35 +1,32 @@
-"""One JAX run across processes (``jax.distributed``): several hosts of a TPU
-slice or GPU cluster, or several processes on one machine.
+"""One JAX run across processes (``jax.distributed``): several hosts of a TPU slice or
+GPU cluster, or several processes on one machine.
 
-Every process runs the same command.  :func:`initialize` connects them
-before JAX starts its backend; the trainer then lays the model out with
+Every process runs the same command.  :func:`initialize` connects them before JAX starts
+its backend; the trainer then lays the model out with
 ``keras.distribution.DataParallel`` over every process's devices
-(:func:`keras_identity.training.strategies.get_strategy`), each process
-reads its own rows of every global batch (:mod:`keras_identity.data.arrays`)
-and only process 0 writes into the run's directory (the others save into
-scratch folders of their own, removed at the end).
+(:func:`keras_identity.training.strategies.get_strategy`), each process reads its own
+rows of every global batch (:mod:`keras_identity.data.arrays`) and only process 0 writes
+into the run's directory (the others save into scratch folders of their own, removed at
+the end).
 
 **Why a roll call of our own** (:func:`roll_call`, before
-``jax.distributed.initialize``, given ``--coordinator_address``): measured
-with jax 0.10.2 (CPU processes on 127.0.0.1), when the processes do not all
-meet ``jax.distributed.initialize`` raises nothing but aborts the process
-(SIGABRT, status 134) about 5 s after its ``initialization_timeout``: a C++
-stack trace under one absl line ("... This most likely indicates that
-another task died ... DEADLINE_EXCEEDED ... RegisterTask") naming no process
-and no address, alike for a peer that never comes (either side), a wrong
-address, a stranger at the port (a silent TCP or HTTP server) and another
-run's coordinator there.  A second process with a taken id displaces the
-first (which aborts), an id beyond process 0's ``num_processes`` aborts at
-once, a larger ``num_processes`` whose id fits is accepted silently.  So
-the roll call still does what ``jax.distributed`` cannot: one line on every
-process naming the ids that never came and the address; on the others,
-whether nothing, another program or a gRPC server answers there; a
-duplicate ``--process_id``, an id out of range or another
-``--num_processes`` refused in one line while the run goes on; strangers'
-bytes at the port ignored (process 0 speaks first, with a nonce); all
-within ``--initialization_timeout_s``.  The rest is JAX's: the same timeout
-and ``HEARTBEAT_TIMEOUT_S`` are passed through (a peer that dies later makes
-the next collective raise, :func:`lost_peer`, and the heartbeat stop the
+``jax.distributed.initialize``, given ``--coordinator_address``): measured with jax
+0.10.2 (CPU processes on 127.0.0.1), when the processes do not all meet
+``jax.distributed.initialize`` raises nothing but aborts the process (SIGABRT, status
+134) about 5 s after its ``initialization_timeout``: a C++ stack trace under one absl
+line ("... This most likely indicates that another task died ... DEADLINE_EXCEEDED ...
+RegisterTask") naming no process and no address, alike for a peer that never comes
+(either side), a wrong address, a stranger at the port (a silent TCP or HTTP server) and
+another run's coordinator there.  A second process with a taken id displaces the first
+(which aborts), an id beyond process 0's ``num_processes`` aborts at once, a larger
+``num_processes`` whose id fits is accepted silently.  So the roll call still does what
+``jax.distributed`` cannot: one line on every process naming the ids that never came and
+the address; on the others, whether nothing, another program or a gRPC server answers
+there; a duplicate ``--process_id``, an id out of range or another ``--num_processes``
+refused in one line while the run goes on; strangers' bytes at the port ignored (process
+0 speaks first, with a nonce); all within ``--initialization_timeout_s``.  The rest is
+JAX's: the same timeout and ``HEARTBEAT_TIMEOUT_S`` are passed through (a peer that dies
+later makes the next collective raise, :func:`lost_peer`, and the heartbeat stop the
 others), and SLURM, Open MPI and TPU slices are its own detection.
 """
 
@@ -99,20 +96,18 @@ def check_timeout(timeout_s):
 
 def initialize(coordinator_address=None, num_processes=None, process_id=None,
                timeout_s=INITIALIZATION_TIMEOUT_S):
-    """Connects this process to the others of its run, before any JAX
-    computation; returns the number of processes.
+    """Connects this process to the others of its run, before any JAX computation; returns
+    the number of processes.
 
-    With the three arguments (the names of ``jax.distributed.initialize``'s
-    own), this process is ``process_id`` of ``num_processes`` and process 0
-    serves the coordinator at ``coordinator_address``.  With none, a SLURM or
-    Open MPI job of several tasks is detected by JAX itself; a Cloud TPU
-    slice needs nothing (its hosts find each other); anything else is one
-    process.  On CPUs the processes exchange gradients over Gloo.
-    ``timeout_s``: how long the processes wait for each other, in
-    :func:`roll_call` (with the three arguments) and then in JAX's own
-    initialization (:func:`check_timeout` says what it may be).  Raises
-    ``PeersMissing`` (processes that do not meet in time) or ``ValueError``
-    (bad arguments, process 0's port taken, JAX's own connection failing),
+    With the three arguments (the names of ``jax.distributed.initialize``'s own), this
+    process is ``process_id`` of ``num_processes`` and process 0 serves the coordinator at
+    ``coordinator_address``.  With none, a SLURM or Open MPI job of several tasks is
+    detected by JAX itself; a Cloud TPU slice needs nothing (its hosts find each other);
+    anything else is one process.  On CPUs the processes exchange gradients over Gloo.
+    ``timeout_s``: how long the processes wait for each other, in :func:`roll_call` (with
+    the three arguments) and then in JAX's own initialization (:func:`check_timeout` says
+    what it may be).  Raises ``PeersMissing`` (processes that do not meet in time) or
+    ``ValueError`` (bad arguments, process 0's port taken, JAX's own connection failing),
     each one line.
     """
     import jax
@@ -166,20 +161,18 @@ GREETING_S, _MAX_PENDING, _GREETING_BYTES, _LINE_BYTES, _MAX_WARNINGS = 10, 64, 
 
 
 def roll_call(coordinator_address, num_processes, process_id, timeout_s):
-    """Meets every process of the run at ``coordinator_address`` before JAX's
-    coordination service starts there (the module's docstring says why).
+    """Meets every process of the run at ``coordinator_address`` before JAX's coordination
+    service starts there (the module's docstring says why).
 
-    Process 0 listens on the port until the ``num_processes - 1`` others
-    have said who they are, then answers them all and frees the port for
-    JAX; the others connect (retrying until process 0 listens) and wait for
-    its answer, hearing meanwhile whom it still waits for.  Process 0 speaks
-    first on every connection (the run's size and a nonce of its own); a
-    greeting counts only if it repeats the nonce.  Anything else (a line
-    sent blind, other bytes, another number of processes, an id out of range
-    or of a connected process) is turned away with a warning line; nothing
-    holds process 0 past ``timeout_s``.  Raises ``PeersMissing`` (not everyone
-    within ``timeout_s``: names who) or ``ValueError`` (``timeout_s`` not
-    valid; this process refused for its ``num_processes`` or its taken
+    Process 0 listens on the port until the ``num_processes - 1`` others have said who they
+    are, then answers them all and frees the port for JAX; the others connect (retrying
+    until process 0 listens) and wait for its answer, hearing meanwhile whom it still waits
+    for.  Process 0 speaks first on every connection (the run's size and a nonce of its
+    own); a greeting counts only if it repeats the nonce.  Anything else (a line sent blind,
+    other bytes, another number of processes, an id out of range or of a connected process)
+    is turned away with a warning line; nothing holds process 0 past ``timeout_s``.  Raises
+    ``PeersMissing`` (not everyone within ``timeout_s``: names who) or ``ValueError``
+    (``timeout_s`` not valid; this process refused for its ``num_processes`` or its taken
     ``process_id``; process 0's port taken: says by what).
     """
     timeout_s = check_timeout(timeout_s)

@@ -9,38 +9,33 @@ process that holds it, so a killed run never leaves it behind, and the file
 itself only names the last holder.  On systems without ``fcntl`` (Windows)
 nothing is locked.
 
-In a bucket there is no such lock, so the lock is the object itself, made
-with the store's create-if-absent precondition (:func:`storage.create_new`:
-GCS's generation match 0), which exactly one of two runs starting together
-wins.  It is a lease: the run renews it every :data:`RENEW_SECONDS` from a
-thread and deletes it when it ends (also when a stop signal ends it), and a
-lock not renewed for :data:`LEASE_SECONDS` (its machine lost without
-warning) is taken over by the next run, which says so: it deletes the lock
-it read only if the lock is still that version (GCS: the delete's
-generation precondition), so of two runs taking over one, one does.  A
-holder renews only a lock that is still its own, and warns once when it
-finds it taken or gone (and renews it no more).
+In a bucket the lock is the object itself, made with the store's create-if-absent
+precondition (:func:`storage.create_new`: GCS's generation match 0), which exactly one
+of two runs starting together wins.  It is a lease: the run renews it every
+:data:`RENEW_SECONDS` from a thread and deletes it when it ends (a stop signal
+included); a lock not renewed for :data:`LEASE_SECONDS` (its machine lost without
+warning) is taken over by the next run, which says so and deletes the lock it read
+only if it is still that version (the delete's generation precondition), so of two
+runs taking over one, one does.  A holder renews only a lock still its own, and warns
+once when it finds it taken or gone (and renews it no more).
 
-The renewal times are the holders' clocks.  A time ahead of this host's
-(by more than :data:`CLOCK_TOLERANCE_SECONDS`: another host's fast clock, a
-hand-edited lock) says nothing this host can measure, so it is not
-trusted: the run watches the lock (its generation) for up to
-:data:`LEASE_SECONDS` of its own monotonic clock.  A holder that is alive
-renews it within :data:`RENEW_SECONDS`, and the run is refused; a lock left
-unchanged that long is taken over, as a lapsed lease is.  (Watching is
-simpler and more robust than remembering a first sight across runs: it
-uses no clock but this host's, and a lock that is ahead by hours delays a
-run by :data:`LEASE_SECONDS` at most.)
+The renewal times are the holders' clocks.  One ahead of this host's by more than
+:data:`CLOCK_TOLERANCE_SECONDS` (another host's fast clock, a hand-edited lock) says
+nothing this host can measure, so the run watches the lock's generation for up to
+:data:`LEASE_SECONDS` of its own monotonic clock: a live holder renews it within
+:data:`RENEW_SECONDS`, and the run is refused; a lock unchanged that long is taken
+over, as a lapsed lease is.  (Watching, unlike remembering a first sight across runs,
+uses no clock but this host's: a lock ahead by hours delays a run by
+:data:`LEASE_SECONDS` at most.)
 
-**Two writers never go on silently.**  Before each checkpoint the run
-checks that its lock is still its own (:meth:`RunLock.lost`, through
-:meth:`RunLock.guard`): in a bucket, that ``.lock`` still holds this run's
-token (the renewal thread's finding too); on a local disk, that ``.lock``
-is still the file this run holds the ``flock`` of (a deleted ``.lock`` lets
-the next run lock a new file).  A lock found gone or taken by another run
+**Two writers never go on silently.**  Before each checkpoint the run checks that its
+lock is still its own (:meth:`RunLock.lost`, through :meth:`RunLock.guard`): in a
+bucket, that ``.lock`` still holds this run's token (the renewal thread's finding
+too); on a local disk, that ``.lock`` is still the file this run holds the ``flock``
+of (a deleted ``.lock`` lets the next run lock a new file).  A lock gone or taken
 stops the run before it writes that checkpoint: :class:`LockLost`, a
-:class:`~keras_identity.training.preemption.Stopped`, which
-``keras-identity-train`` reports in one line with status 75.
+:class:`~keras_identity.training.preemption.Stopped`, which ``keras-identity-train``
+reports in one line with status 75.
 """
 
 import json

@@ -173,23 +173,22 @@ def describe_devices(devices):
 
 
 def get_strategy(name="auto", tpu_address=""):
-    """Returns the distribution for the backend: a ``tf.distribute.Strategy``
-    on TensorFlow, a :class:`KerasDistribution` on JAX.
+    """Returns the distribution for the backend: a ``tf.distribute.Strategy`` on TensorFlow,
+    a :class:`KerasDistribution` on JAX.
 
     TensorFlow:
 
-    * ``auto``: a TPU if ``TPUClusterResolver`` finds one (``tpu="local"``
-      first on a TPU VM, then the named TPU), else ``MirroredStrategy``
-      over the visible GPUs, else the default strategy.  A TPU this
-      TensorFlow has no kernels for raises :class:`MissingTPUSupport`
-      naming the install;
+    * ``auto``: a TPU if ``TPUClusterResolver`` finds one (``tpu="local"`` first on a TPU
+      VM, then the named TPU), else ``MirroredStrategy`` over the visible GPUs, else the
+      default strategy.  A TPU this TensorFlow has no kernels for raises
+      :class:`MissingTPUSupport` naming the install;
     * ``default``: no distribution; ``one_device``: the first GPU (or CPU);
     * ``mirrored``: all local GPUs (the CPU if there are none);
     * ``multi_worker``: ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``;
     * ``tpu``: ``TPUStrategy`` (``tpu_address`` or the Colab runtime's TPU).
 
-    JAX (``keras.distribution.DataParallel`` over ``jax.devices()``: the
-    local ones, or every process's after ``jax.distributed.initialize``):
+    JAX (``keras.distribution.DataParallel`` over ``jax.devices()``: the local ones, or
+    every process's after ``jax.distributed.initialize``):
 
     * ``auto``/``mirrored``: every TPU core or GPU, else every CPU device;
       ``default``/``one_device``: the first of them (one process only);

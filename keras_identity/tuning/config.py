@@ -37,18 +37,17 @@ OBJECTIVES = {
 class SearchConfig:
     """A hyper-parameter search (the ``keras-identity-tune`` flags).
 
-    ``train`` holds the model, dataset, recipe and trial length (its
-    ``epochs``) and ``model_dir``, where the tuner keeps its state: running
-    the same search again continues it.
+    ``train`` holds the model, dataset, recipe and trial length (its ``epochs``) and
+    ``model_dir``, where the tuner keeps its state: running the same search again continues
+    it.
 
-    The space: each of ``gate_biases``, ``learning_rates``, ``momentums``,
-    ``lr_decays``, ``activations``, ``weight_decays`` and ``depths`` is a
-    tuple of values or a :class:`Range` (random, Bayesian, Hyperband).
-    ``gate_biases=None`` means the paper's 0, -1, ..., -10 for a model with a
-    gate bias (unless ``model_kwargs`` fixes it) and no gate-bias dimension
-    otherwise.  ``objective`` is
-    ``"val_error"`` (the best epoch's validation error), ``"train_error"``
-    or ``"train_loss"`` (the best epoch's training error or cross-entropy).
+    The space: each of ``gate_biases``, ``learning_rates``, ``momentums``, ``lr_decays``,
+    ``activations``, ``weight_decays`` and ``depths`` is a tuple of values or a
+    :class:`Range` (random, Bayesian, Hyperband).  ``gate_biases=None`` means the paper's 0,
+    -1, ..., -10 for a model with a gate bias (unless ``model_kwargs`` fixes it) and no
+    gate-bias dimension otherwise.  ``objective`` is ``"val_error"`` (the best epoch's
+    validation error), ``"train_error"`` or ``"train_loss"`` (the best epoch's training
+    error or cross-entropy).
     """
 
     train: train_config.TrainConfig

@@ -173,13 +173,12 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         data: the :class:`ImageDataset` the models are built for.
         recipe, plan: a trial's recipe and its :class:`~keras_identity.recipes.RunPlan`.
         space: dimension -> tuple of values or :class:`Range`; dimensions are
-            ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of highway
-            layers), ``learning_rate``, ``momentum``, ``lr_decay``
-            (exponential-schedule recipes), ``activation`` (highway and plain
-            nets), ``weight_decay`` and ``depth``.  Default: the gate bias
-            over the paper's 0, -1, ..., -10.
-        normalization: the training set's ``Normalization``; each trial's
-            model includes it and takes pixel values.
+            ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of highway layers),
+            ``learning_rate``, ``momentum``, ``lr_decay`` (exponential-schedule recipes),
+            ``activation`` (highway and plain nets), ``weight_decay`` and ``depth``.
+            Default: the gate bias over the paper's 0, -1, ..., -10.
+        normalization: the training set's ``Normalization``; each trial's model includes it
+            and takes pixel values.
     """
 
     def __init__(self, config, data, recipe, plan, space=None, normalization=None,

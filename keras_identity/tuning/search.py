@@ -57,27 +57,24 @@ class TrialsFailed(RuntimeError):
 def run_search(search, print_fn=print):
     """Runs (or continues) ``search``; returns rows, the best values and paths.
 
-    ``search.train.model_dir`` is a local folder or a bucket's
-    (``gs://BUCKET/...``): every file of the search is kept there (Keras
-    Tuner's through a local staging folder, :class:`TunerFolder`), and a
-    search continues from it on any machine.
+    ``search.train.model_dir`` is a local folder or a bucket's (``gs://BUCKET/...``): every
+    file of the search is kept there (Keras Tuner's through a local staging folder,
+    :class:`TunerFolder`), and a search continues from it on any machine.
 
-    Every trial is built from ``search.train.seed`` (its result does not
-    depend on the trials before it in the process); trials an earlier run
-    left FAILED are tried again, and a trial whose progress cannot be read
-    starts again from its start.
+    Every trial is built from ``search.train.seed`` (its result does not depend on the
+    trials before it in the process); trials an earlier run left FAILED are tried again, and
+    a trial whose progress cannot be read starts again from its start.
 
     Raises:
         ConfigError: a bad configuration or missing data (one line).
-        SearchStopped: a stop signal (its message says what the same
-            command does next): the trial in progress is saved, or the
-            search is complete and the retraining is still to do (a signal
-            the search acknowledged is not ignored by the retraining), or
-            the retraining is saved at its checkpoint.
-        TrialsFailed: trials failed (results.csv and results.md written, the
-            failed trials noted); the same command retries them.
-        storage.StorageError: the bucket could not be read or written while
-            the search ran (one line).
+        SearchStopped: a stop signal (its message says what the same command does next): the
+            trial in progress is saved, or the search is complete and the retraining is
+            still to do (a signal the search acknowledged is not ignored by the retraining),
+            or the retraining is saved at its checkpoint.
+        TrialsFailed: trials failed (results.csv and results.md written, the failed trials
+            noted); the same command retries them.
+        storage.StorageError: the bucket could not be read or written while the search ran
+            (one line).
     """
     with contextlib.ExitStack() as cleanup:
         return _run_search(search, print_fn, cleanup)

@@ -17,18 +17,16 @@ PROJECT = "search"   # Keras Tuner's folder in model_dir (its project_name)
 class TunerFolder:
     """Where Keras Tuner keeps a search's state: ``<model_dir>/search``.
 
-    Keras Tuner writes its files (the oracle's, each trial's ``trial.json``
-    and best weights) with local file calls (``tf.io.gfile`` where TensorFlow
-    is installed, which reaches neither an emulator nor fsspec's
-    credentials).  A local ``model_dir`` is used as it is.  For one in a
-    bucket the tuner works in a local staging folder (:attr:`directory`,
-    a temporary folder, never the current directory), filled from the bucket
-    when the search starts (a search continues on any machine) and copied
-    back (:meth:`publish`: the files that changed, trials' files before the
-    oracle's and the records, which name finished trials) when a trial starts
-    and ends and when the search ends or stops.  A trial's progress
-    checkpoints are written in the bucket itself (:meth:`published`), so a
-    trial stopped or killed resumes from the bucket too.
+    Keras Tuner writes its files (the oracle's, each trial's ``trial.json`` and best
+    weights) with local file calls (``tf.io.gfile`` where TensorFlow is installed, which
+    reaches neither an emulator nor fsspec's credentials).  A local ``model_dir`` is used as
+    it is.  For one in a bucket the tuner works in a local staging folder
+    (:attr:`directory`, a temporary folder, never the current directory), filled from the
+    bucket when the search starts (a search continues on any machine) and copied back
+    (:meth:`publish`: the files that changed, trials' files before the oracle's and the
+    records, which name finished trials) when a trial starts and ends and when the search
+    ends or stops.  A trial's progress checkpoints are written in the bucket itself
+    (:meth:`published`), so a trial stopped or killed resumes from the bucket too.
     """
 
     # Uploaded after the trials' files, in this order: what names a trial

@@ -1,39 +1,33 @@
 """Identical Residual Units as a program, looped with ``jax.lax.scan`` (JAX).
 
-The JAX counterpart of :mod:`._tf_loop`, private to :mod:`.stack`.  Each
-iteration of the scan is unit j: its ordering's program (Fig. 4) run by
-:func:`keras_identity.layers.residual.orderings.run` on slice j of the
-stacked weights, with the shortcut's addition (Fig. 2) that the stack
-builds from :func:`keras_identity.layers.residual.shortcuts.add`.  The
-scanned body is traced once, so the program XLA compiles has the size of
-one unit whatever the depth.
+The JAX counterpart of :mod:`._tf_loop`, private to :mod:`.stack`.  Each iteration of
+the scan is unit j: its ordering's program (Fig. 4) run by
+:func:`keras_identity.layers.residual.orderings.run` on slice j of the stacked weights,
+with the shortcut's addition (Fig. 2) that the stack builds from
+:func:`keras_identity.layers.residual.shortcuts.add`.  The scanned body is traced once,
+so the program XLA compiles has the size of one unit whatever the depth.
 
-JAX differentiates the scan itself; what its forward pass keeps for the
-backward pass is set by ``recompute`` through rematerialisation
-(``jax.checkpoint`` around the body):
+JAX differentiates the scan itself; what its forward pass keeps for the backward pass is
+set by ``recompute`` through rematerialisation (``jax.checkpoint`` around the body):
 
-* ``"none"``: no rematerialisation, every residual JAX's differentiation
-  needs is kept;
+* ``"none"``: no rematerialisation, every residual JAX's differentiation needs is kept;
 * ``"bn_relu"``: only each unit's input and the inputs of its BNs are kept
-  (``save_only_these_names``); BN, ReLU and the shortcut are recomputed
-  from them in the backward pass (Chen et al. 2016), as the TensorFlow
-  loop's ``"bn_relu"``;
-* ``"unit"``: only each unit's input is kept and the backward pass runs
-  the whole unit forward again.
+  (``save_only_these_names``); BN, ReLU and the shortcut are recomputed from them in the
+  backward pass (Chen et al. 2016), as the TensorFlow loop's ``"bn_relu"``;
+* ``"unit"``: only each unit's input is kept and the backward pass runs the whole unit
+  forward again.
 
-On CPUs the body's convolutions are :func:`conv`, whose gradients are
-written out: the input's gradient as a forward convolution in XLA:CPU's fast
-layout (NHWC input, HWIO kernel), the kernel's as one matrix product per
-kernel offset, and 1x1 convolutions as matrix products throughout.  The
-gradient convolutions JAX derives get other layouts inside a loop body,
-which XLA:CPU compiles on its unoptimised fallback ("Falling back to
-unoptimized convolution", jax-ml/jax#12868): a looped ResNet-110 then
-trains at a twentieth of the unrolled net's speed.  The values the CPU
-loop keeps for the backward pass are never 16-bit floats (the convolution's
-input as uint16 bits, rematerialisation's in float32): XLA:CPU writes a
-16-bit slice of the scan's stack of kept values by converting the whole
-stack.  Elsewhere (GPU, TPU) the convolutions and their gradients are JAX's
-own.
+On CPUs the body's convolutions are :func:`conv`, whose gradients are written out: the
+input's gradient as a forward convolution in XLA:CPU's fast layout (NHWC input, HWIO
+kernel), the kernel's as one matrix product per kernel offset, and 1x1 convolutions as
+matrix products throughout.  The gradient convolutions JAX derives get other layouts
+inside a loop body, which XLA:CPU compiles on its unoptimised fallback ("Falling back to
+unoptimized convolution", jax-ml/jax#12868): a looped ResNet-110 then trains at a
+twentieth of the unrolled net's speed.  The values the CPU loop keeps for the backward
+pass are never 16-bit floats (the convolution's input as uint16 bits,
+rematerialisation's in float32): XLA:CPU writes a 16-bit slice of the scan's stack of
+kept values by converting the whole stack.  Elsewhere (GPU, TPU) the convolutions and
+their gradients are JAX's own.
 """
 
 import jax

@@ -13,34 +13,30 @@ from keras_identity.layers.fused_batch_normalization import biased_variance
 
 
 def affine_batch_norm(in_parts=False):
-    """Whether the loop's BN normalises as a per-channel affine map (a 1x1
-    depthwise convolution with BN's scale as its kernel and its shift as its
-    bias, the ReLU after it fused by Grappler) instead of ``FusedBatchNormV3``,
-    in training taking the batch moments from two matrix products: on a CPU
-    whose oneDNN kernels stop below AVX-512
-    (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2
-    class, or ``ONEDNN_MAX_CPU_ISA`` capped there), and, with ``in_parts``
-    (a training loop whose units can run in parts along the batch:
-    :func:`._tf_batch_parts.batch_parts`), on any CPU with oneDNN's kernels; in
-    float32.  Its moments are sums over the parts, so the parts of a map run
-    at once: at ResNet-1001, batch 16, on an AVX-512 Xeon, 7.62 against 6.15
-    images/s with oneDNN's BN on whole units (docs/performance.md).
+    """Whether the loop's BN normalises as a per-channel affine map (a 1x1 depthwise
+    convolution with BN's scale as its kernel and its shift as its bias, the ReLU after it
+    fused by Grappler) instead of ``FusedBatchNormV3``, in training taking the batch moments
+    from two matrix products: on a CPU whose oneDNN kernels stop below AVX-512
+    (:func:`keras_identity._cpu_kernels.onednn_below_avx512`: the x86 AVX2 class, or
+    ``ONEDNN_MAX_CPU_ISA`` capped there), and, with ``in_parts`` (a training loop whose
+    units can run in parts along the batch: :func:`._tf_batch_parts.batch_parts`), on any
+    CPU with oneDNN's kernels; in float32.  Its moments are sums over the parts, so the
+    parts of a map run at once: at ResNet-1001, batch 16, on an AVX-512 Xeon, 7.62 against
+    6.15 images/s with oneDNN's BN on whole units (docs/performance.md).
 
-    oneDNN's batch normalisation for channels-last maps on AVX2
-    (``bnorm_tbb_jit:avx2``, the one TensorFlow's thread pool runs) takes
-    3-5x its AVX-512 kernel's time on the same core: 3,867 against 1,243 µs
-    for a 16x32x32x64 training BN on one thread, where PyTorch's BN takes
-    1,385 µs and the products and the depthwise convolution 1,142 µs with the
-    ReLU; its inference kernel is as slow (docs/performance.md, "The AVX2
-    class").  The gradient stays ``FusedBatchNormGradV3``, which reads the
-    batch mean and biased variance as its reserves.  The moments are
-    ``E[x^2] - E[x]^2`` (as Keras's JAX backend computes them), accumulated
-    in float32 over the batch; like any form of BN that shifts after
-    scaling, it loses digits where a channel's mean is thousands of its
-    standard deviations.  A SavedModel exported from such a process carries
-    the depthwise form (Eigen's CPU kernels run it 12-14% slower than their
-    BN at inference); ``keras-identity-export`` runs TensorFlow's own kernel
-    choice, Eigen's on most AVX2 CPUs, and there writes ``FusedBatchNormV3``.
+    oneDNN's batch normalisation for channels-last maps on AVX2 (``bnorm_tbb_jit:avx2``, the
+    one TensorFlow's thread pool runs) takes 3-5x its AVX-512 kernel's time on the same
+    core: 3,867 against 1,243 µs for a 16x32x32x64 training BN on one thread, where
+    PyTorch's BN takes 1,385 µs and the products and the depthwise convolution 1,142 µs with
+    the ReLU; its inference kernel is as slow (docs/performance.md, "The AVX2 class").  The
+    gradient stays ``FusedBatchNormGradV3``, which reads the batch mean and biased variance
+    as its reserves.  The moments are ``E[x^2] - E[x]^2`` (as Keras's JAX backend computes
+    them), accumulated in float32 over the batch; like any form of BN that shifts after
+    scaling, it loses digits where a channel's mean is thousands of its standard deviations.
+    A SavedModel exported from such a process carries the depthwise form (Eigen's CPU
+    kernels run it 12-14% slower than their BN at inference); ``keras-identity-export`` runs
+    TensorFlow's own kernel choice, Eigen's on most AVX2 CPUs, and there writes
+    ``FusedBatchNormV3``.
     """
     return (bool(_cpu_kernels.onednn_enabled())
             and (in_parts or _cpu_kernels.onednn_below_avx512())
@@ -94,17 +90,16 @@ def _affine_batch_norm(xs, gamma, beta, epsilon, relu):
 
 
 def gradient(dys, xs, gamma, reserves, epsilon):
-    """The training-mode BN's gradient for maps given as lists of parts
-    along the batch: ``(dxs, dgamma, dbeta)``.
+    """The training-mode BN's gradient for maps given as lists of parts along the batch:
+    ``(dxs, dgamma, dbeta)``.
 
-    ``FusedBatchNormGradV3`` of a part centres its gradient on that part's
-    means of ``dy`` and ``dy * x̂``, where BN's gradient (Ioffe and Szegedy,
-    2015) centres it on the whole batch's; with ``m`` values per channel in
-    the batch and ``m_p`` in part ``p``, the difference is the per-channel
-    affine map of ``x``
-    ``γ σ⁻¹ ((Σ_p dy / m_p − Σ dy / m) + x̂ (Σ_p dy x̂ / m_p − Σ dy x̂ / m))``,
-    added here by a depthwise convolution (see :func:`affine`).  The sums
-    over a part are that op's ``dβ`` and ``dγ``."""
+    ``FusedBatchNormGradV3`` of a part centres its gradient on that part's means of ``dy``
+    and ``dy * x̂``, where BN's gradient (Ioffe and Szegedy, 2015) centres it on the whole
+    batch's; with ``m`` values per channel in the batch and ``m_p`` in part ``p``, the
+    difference is the per-channel affine map of ``x``
+    ``γ σ⁻¹ ((Σ_p dy / m_p − Σ dy / m) + x̂ (Σ_p dy x̂ / m_p − Σ dy x̂ / m))``, added here
+    by a depthwise convolution (see :func:`affine`).  The sums over a part are that op's
+    ``dβ`` and ``dγ``."""
     mean, variance, reserve3 = reserves
     outputs = [tf.raw_ops.FusedBatchNormGradV3(
         y_backprop=dy, x=x, scale=gamma, reserve_space_1=mean,

@@ -1,47 +1,43 @@
 """Identical Residual Units as a program, looped, with a written backward pass (TensorFlow).
 
-Differentiating a ``tf.while_loop`` automatically makes TensorFlow build a
-second loop that pops every forward intermediate from a stack, plus gradient
-accumulators for each tensor the body captures; for a bottleneck unit that is
-about seventy captured tensors, a second of tracing for ResNet-164 and an
-``AddN`` of gradient lists in every step.  The units of a
-:class:`~keras_identity.layers.ResidualStack` are made of four operations
-only (convolution, bias, BatchNormalization and ReLU, joined by the
-shortcut addition of Eqn. 1; BN by TensorFlow's fused op, or on the AVX2
-class and wherever the units run in parts along the batch as a depthwise
-convolution: :func:`~._tf_batch_norm.affine_batch_norm`), so their
-backward pass is written here directly: the forward loop stores, for unit ``j``, the tensors each
-operation's gradient needs (what automatic differentiation would store), and
-the backward loop walks the units from last to first applying the gradient
-kernels ``Conv2DBackpropInput/Filter``, ``FusedBatchNormGradV3`` and
-``ReluGrad``.
+Differentiating a ``tf.while_loop`` automatically makes TensorFlow build a second loop
+that pops every forward intermediate from a stack, plus gradient accumulators for each
+tensor the body captures; for a bottleneck unit that is about seventy captured tensors,
+a second of tracing for ResNet-164 and an ``AddN`` of gradient lists in every step.  The
+units of a :class:`~keras_identity.layers.ResidualStack` are made of four operations
+only (convolution, bias, BatchNormalization and ReLU, joined by the shortcut addition of
+Eqn. 1; BN by TensorFlow's fused op, or on the AVX2 class and wherever the units run in
+parts along the batch as a depthwise convolution:
+:func:`~._tf_batch_norm.affine_batch_norm`), so their backward pass is written here
+directly: the forward loop stores, for unit ``j``, the tensors each operation's gradient
+needs (what automatic differentiation would store), and the backward loop walks the
+units from last to first applying the gradient kernels ``Conv2DBackpropInput/Filter``,
+``FusedBatchNormGradV3`` and ``ReluGrad``.
 
-A unit is described by its ordering's *program*, the list of its operations
-in order (:func:`keras_identity.layers.residual.orderings.unit_program`), so
-one forward and one backward interpreter serve all five orderings of Fig. 4
-and the three blocks; the forward interpreter also runs the units at
-inference (moving statistics).  The program's ``add`` step is the unit's
-shortcut (Fig. 2): a plain ``x + F`` for the identity, otherwise the
-``addition`` callable the stack builds from
-:func:`keras_identity.layers.residual.shortcuts.add` with unit j's weights;
-its gradient is that function's, taken by automatic differentiation of the
-one step inside the backward loop (a 1x1 convolution or a gate: cheap next
-to F).  This module is private to :mod:`.stack`.
+A unit is described by its ordering's *program*, the list of its operations in order
+(:func:`keras_identity.layers.residual.orderings.unit_program`), so one forward and one
+backward interpreter serve all five orderings of Fig. 4 and the three blocks; the
+forward interpreter also runs the units at inference (moving statistics).  The program's
+``add`` step is the unit's shortcut (Fig. 2): a plain ``x + F`` for the identity,
+otherwise the ``addition`` callable the stack builds from
+:func:`keras_identity.layers.residual.shortcuts.add` with unit j's weights; its gradient
+is that function's, taken by automatic differentiation of the one step inside the
+backward loop (a 1x1 convolution or a gate: cheap next to F).  This module is private to
+:mod:`.stack`.
 
 What the forward loop keeps is set by ``recompute`` (:data:`RECOMPUTE`):
 
-* ``"none"``: every tensor a gradient kernel reads (for a pre-activation
-  bottleneck, six feature maps per unit: the input, the three ReLU outputs
-  the convolutions also read, the inputs of BN 2 and 3);
-* ``"bn_relu"``: the output of a ReLU that follows a BN is not kept; the
-  backward pass recomputes ``relu(BN(x))`` from the kept BN input and batch
-  moments just before differentiating it (the cheap-operation recomputation
-  of Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost").
-  For the pre-activation bottleneck this halves the kept feature-map memory
-  (the input and the inputs of BN 2 and 3, 4d + d + d channels per unit
-  instead of 12d) for one BN-ReLU pass per BN;
-* ``"unit"``: only each unit's input; the backward pass runs the whole unit
-  forward again (one more forward pass of compute).
+* ``"none"``: every tensor a gradient kernel reads (for a pre-activation bottleneck, six
+  feature maps per unit: the input, the three ReLU outputs the convolutions also read,
+  the inputs of BN 2 and 3);
+* ``"bn_relu"``: the output of a ReLU that follows a BN is not kept; the backward pass
+  recomputes ``relu(BN(x))`` from the kept BN input and batch moments just before
+  differentiating it (the cheap-operation recomputation of Chen et al., 2016, "Training
+  Deep Nets with Sublinear Memory Cost").  For the pre-activation bottleneck this halves
+  the kept feature-map memory (the input and the inputs of BN 2 and 3, 4d + d + d
+  channels per unit instead of 12d) for one BN-ReLU pass per BN;
+* ``"unit"``: only each unit's input; the backward pass runs the whole unit forward
+  again (one more forward pass of compute).
 """
 
 import logging
@@ -61,43 +57,38 @@ WRITES_GATE_GRADIENT = True
 
 
 def fuse_addition():
-    """Whether a training-mode unit whose last convolution meets the
-    shortcut (``conv`` then ``add``, as in the full pre-activation unit)
-    writes the sum as ``bias_add(conv(t), b) + x``, with ``b`` zero where the
-    convolution has no bias: on a CPU with TensorFlow's oneDNN kernels, which
-    then run it as one convolution that accumulates into ``x`` (Grappler's
-    Conv2D + BiasAdd + Add fusion), instead of a separate addition.  In
-    bfloat16 that addition is an Eigen kernel 12x slower than float32's on
-    an AVX-512 EPYC (445 against 36 µs for a 16x32x32x64 map; a 1x1
-    convolution and the addition took 320 µs, fused 141 µs), and
-    ResNet-1001's forward pass, one operation after another, has 333 of them
-    (docs/performance.md).  Elsewhere (a GPU, Eigen's CPU kernels, which have
-    no such fusion) the addition stays as it is.
+    """Whether a training-mode unit whose last convolution meets the shortcut (``conv`` then
+    ``add``, as in the full pre-activation unit) writes the sum as
+    ``bias_add(conv(t), b) + x``, with ``b`` zero where the convolution has no bias: on a
+    CPU with TensorFlow's oneDNN kernels, which then run it as one convolution that
+    accumulates into ``x`` (Grappler's Conv2D + BiasAdd + Add fusion), instead of a separate
+    addition.  In bfloat16 that addition is an Eigen kernel 12x slower than float32's on an
+    AVX-512 EPYC (445 against 36 µs for a 16x32x32x64 map; a 1x1 convolution and the
+    addition took 320 µs, fused 141 µs), and ResNet-1001's forward pass, one operation after
+    another, has 333 of them (docs/performance.md).  Elsewhere (a GPU, Eigen's CPU kernels,
+    which have no such fusion) the addition stays as it is.
 
-    The zero bias must be a tensor Grappler cannot see is zero (a constant
-    would be folded away with its BiasAdd, and the fusion with it): the loop
-    captures it from outside (:func:`train_loop`)."""
+    The zero bias must be a tensor Grappler cannot see is zero (a constant would be folded
+    away with its BiasAdd, and the fusion with it): the loop captures it from outside
+    (:func:`train_loop`)."""
     return bool(_cpu_kernels.onednn_enabled()) and not tf.config.list_physical_devices("GPU")
 
 
 def saved_layout(program, recompute="none", keep_addition_inputs=False, keep_gate=False):
     """Where each step keeps the tensors its gradient needs.
 
-    Returns ``(slots, kinds)``: ``slots[k]`` are the indices of the saved
-    tensors step ``k`` reads in the backward pass (a convolution its input; a
-    BN its input and three reserve tensors; a ReLU its output; with
-    ``keep_addition_inputs`` the addition its two inputs, the unit input and
-    F's output, for a shortcut whose gradient reads them, and with
-    ``keep_gate`` a gate's output g(x)) and ``kinds[i]`` is ``"features"``
-    (a feature map), ``"statistics"`` (a BN reserve or batch moment,
-    float32), ``"gate"`` (a gate's output, float32) or ``"recomputed"`` (a
-    feature map the backward pass computes again rather than keeps).  A convolution or BN that
-    directly follows a ReLU reads the ReLU's output rather than saving it
-    again, and so does the addition.  With ``recompute="bn_relu"`` a ReLU
-    directly after a BN is ``"recomputed"`` and that BN keeps two more
-    slots, its batch mean and biased batch variance, to recompute it from.
-    ``recompute`` is one of ``"none"``, ``"bn_relu"`` and ``"unit"``
-    (validated by the stack).
+    Returns ``(slots, kinds)``: ``slots[k]`` are the indices of the saved tensors step ``k``
+    reads in the backward pass (a convolution its input; a BN its input and three reserve
+    tensors; a ReLU its output; with ``keep_addition_inputs`` the addition its two inputs,
+    the unit input and F's output, for a shortcut whose gradient reads them, and with
+    ``keep_gate`` a gate's output g(x)) and ``kinds[i]`` is ``"features"`` (a feature map),
+    ``"statistics"`` (a BN reserve or batch moment, float32), ``"gate"`` (a gate's output,
+    float32) or ``"recomputed"`` (a feature map the backward pass computes again rather than
+    keeps).  A convolution or BN that directly follows a ReLU reads the ReLU's output rather
+    than saving it again, and so does the addition.  With ``recompute="bn_relu"`` a ReLU
+    directly after a BN is ``"recomputed"`` and that BN keeps two more slots, its batch mean
+    and biased batch variance, to recompute it from.  ``recompute`` is one of ``"none"``,
+    ``"bn_relu"`` and ``"unit"`` (validated by the stack).
     """
     kinds, slots = [], []
 
@@ -144,22 +135,19 @@ def forward(program, slots, x, kernels, biases, bns, epsilon, training=True, add
 
     ``x`` is the unit's input, or a list of its parts along the batch (see
     :func:`~._tf_batch_parts.batch_parts`): each step then runs on every part, and BN takes
-    its batch moments over all of them (the affine form only).
-    ``bns[i]`` is ``(gamma, beta)`` in training and ``(gamma, beta,
-    moving_mean, moving_variance)`` at inference.  ``addition(x, f,
-    training)`` returns the unit's sum of shortcut and F and the batch
-    moments of the shortcut's BN, if any (``None`` adds ``x + f``; whole
-    inputs only).  Returns the output (in ``x``'s form), the BN moments
-    ``(mean, biased variance)`` in program order then the addition's
-    (training only) and ``{slot: tensor}``, the tensors the backward pass
-    reads (for parts, ``{slot: [tensor per part]}``, a statistic as a list
+    its batch moments over all of them (the affine form only).  ``bns[i]`` is
+    ``(gamma, beta)`` in training and ``(gamma, beta, moving_mean, moving_variance)`` at
+    inference.  ``addition(x, f, training)`` returns the unit's sum of shortcut and F and
+    the batch moments of the shortcut's BN, if any (``None`` adds ``x + f``; whole inputs
+    only).  Returns the output (in ``x``'s form), the BN moments ``(mean, biased variance)``
+    in program order then the addition's (training only) and ``{slot: tensor}``, the tensors
+    the backward pass reads (for parts, ``{slot: [tensor per part]}``, a statistic as a list
     of one).  ``parts``: each convolution's split along the batch
-    (:func:`~._tf_batch_parts.conv_parts`); ``fused_addition``: None, or the zero bias (``x``'s
-    channels and dtype) through which a convolution followed by the identity
-    shortcut's addition adds ``x`` itself (:func:`fuse_addition`);
-    ``affine_bn``: BN (in training and at inference) as
-    :func:`~._tf_batch_norm.affine_batch_norm` says, for float32 maps (see
-    :func:`~._tf_batch_norm.for_loop`).
+    (:func:`~._tf_batch_parts.conv_parts`); ``fused_addition``: None, or the zero bias
+    (``x``'s channels and dtype) through which a convolution followed by the identity
+    shortcut's addition adds ``x`` itself (:func:`fuse_addition`); ``affine_bn``: BN (in
+    training and at inference) as :func:`~._tf_batch_norm.affine_batch_norm` says, for
+    float32 maps (see :func:`~._tf_batch_norm.for_loop`).
     """
     whole = not isinstance(x, (list, tuple))
     xs = [x] if whole else list(x)
@@ -240,16 +228,14 @@ def backward(program, slots, saved, grad, kernels, biases, bns, epsilon,
              addition_vjp=None, affine_bn=False):
     """Gradients of one unit from its saved tensors (see :func:`forward`).
 
-    ``grad`` is the gradient of the unit's output, or a list of its parts
-    along the batch with ``saved`` as :func:`forward` returns it for parts.
-    A ``"recomputed"`` slot missing from ``saved`` is computed again from its
-    BN's input and moments when the backward pass first reads it.
-    ``addition_vjp(dy, *kept)`` returns the gradients of the addition with
-    respect to the unit input, F's output and the addition's weights from
-    the tensors its slots keep (none, or the unit input and F's output, and
-    a gate's output; whole gradients only).  Returns ``(dx, dkernels,
-    dbiases, dbns, daddition)`` with ``dx`` in ``grad``'s form and
-    ``dbns[i] = (dgamma, dbeta)``, lists indexed like the weights.
+    ``grad`` is the gradient of the unit's output, or a list of its parts along the batch
+    with ``saved`` as :func:`forward` returns it for parts.  A ``"recomputed"`` slot missing
+    from ``saved`` is computed again from its BN's input and moments when the backward pass
+    first reads it.  ``addition_vjp(dy, *kept)`` returns the gradients of the addition with
+    respect to the unit input, F's output and the addition's weights from the tensors its
+    slots keep (none, or the unit input and F's output, and a gate's output; whole gradients
+    only).  Returns ``(dx, dkernels, dbiases, dbns, daddition)`` with ``dx`` in ``grad``'s
+    form and ``dbns[i] = (dgamma, dbeta)``, lists indexed like the weights.
     """
     whole = not isinstance(grad, (list, tuple))
     if whole:
@@ -471,17 +457,14 @@ def train_loop(program, inputs, kernels, biases, bns, epsilon, recompute="none",
                addition=None):
     """``num_units`` units of ``program`` over stacked weights, in training mode.
 
-    ``kernels``, ``biases`` (entries may be ``None``) and ``bns`` (``(gamma,
-    beta)`` pairs) hold one tensor per layer of the unit, stacked over units
-    along axis 0; ``addition`` (a :class:`~.shortcuts.LoopAddition`, or ``None`` for
-    ``x + F``) the unit's shortcut with its stacked weights.  Returns the
-    output and, per BN layer in order (the addition's last), the batch mean
-    and biased batch variance of every unit, shape ``(num_units, channels)``
-    (without gradient).  The gradient is the loop of :func:`backward`;
-    ``recompute`` (``"none"``, ``"bn_relu"`` or ``"unit"``) sets what the
-    forward loop keeps for it: with ``"unit"`` only each unit's input, and
-    the backward loop runs the unit forward again before differentiating it.
-    """
+    ``kernels``, ``biases`` (entries may be ``None``) and ``bns`` (``(gamma, beta)`` pairs)
+    hold one tensor per layer of the unit, stacked over units along axis 0; ``addition`` (a
+    :class:`~.shortcuts.LoopAddition`, or ``None`` for ``x + F``) the unit's shortcut with
+    its stacked weights.  Returns the output and, per BN layer in order (the addition's
+    last), the batch mean and biased batch variance of every unit, shape
+    ``(num_units, channels)`` (without gradient).  The gradient is the loop of
+    :func:`backward`; ``recompute`` sets what the forward loop keeps for it (the module's
+    docstring)."""
     slow_kernels_notice()
     whole_units = recompute == "unit"
     num_units = kernels[0].shape[0]

@@ -1,25 +1,23 @@
 """Fig. 2 (a)-(f): the shortcut h and how Eqn. (1) adds it to F; options A and B.
 
-Each shortcut of Fig. 2 / Table 1 is one class below whose docstring gives
-its equation and which makes its weights for both forms of a unit (the
-unrolled :class:`ResidualUnit`, the stacked units of a :class:`ResidualStack`);
-:func:`add` is Eqn. (1)'s addition ``h(x_l) + F(x_l)`` of one unit, written
-once for both forms, each supplying its random numbers (``uniform``).
+Each shortcut of Fig. 2 / Table 1 is one class below whose docstring gives its equation
+and which makes its weights for both forms of a unit (the unrolled
+:class:`ResidualUnit`, the stacked units of a :class:`ResidualStack`); :func:`add` is
+Eqn. (1)'s addition ``h(x_l) + F(x_l)`` of one unit, written once for both forms, each
+supplying its random numbers (``uniform``).
 
-==================== ============ ========================================
-``shortcut``         figure       y = h(x) + F(x) becomes
-==================== ============ ========================================
-identity             Fig. 2(a)    ``x + F``
+==================== ============ ======================================== ``shortcut``
+figure       y = h(x) + F(x) becomes ==================== ============
+======================================== identity             Fig. 2(a)    ``x + F``
 constant_scaling     Fig. 2(b)    ``lambda x + F`` (or ``+ (1 - lambda) F``)
-exclusive_gating     Fig. 2(c)    ``(1 - g(x)) x + g(x) F``
-shortcut_only_gating Fig. 2(d)    ``(1 - g(x)) x + F``
-conv1x1              Fig. 2(e)    ``W_s x + F``
-dropout              Fig. 2(f)    ``m * x + F``, m ~ Bernoulli(1 - rate)
-==================== ============ ========================================
+exclusive_gating     Fig. 2(c)    ``(1 - g(x)) x + g(x) F`` shortcut_only_gating Fig.
+2(d)    ``(1 - g(x)) x + F`` conv1x1              Fig. 2(e)    ``W_s x + F`` dropout
+Fig. 2(f)    ``m * x + F``, m ~ Bernoulli(1 - rate) ==================== ============
+========================================
 
 When a unit changes shape, ``x`` is first matched to F's shape by option A
-(:class:`ZeroPadShortcut`, no parameters) or option B (a 1x1 projection) of
-He et al. (2015), Sec. 3.3; ``dimension_shortcut`` picks one.
+(:class:`ZeroPadShortcut`, no parameters) or option B (a 1x1 projection) of He et al.
+(2015), Sec. 3.3; ``dimension_shortcut`` picks one.
 """
 
 import keras

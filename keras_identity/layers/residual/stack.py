@@ -59,60 +59,51 @@ def _loop():
 class ResidualStack(keras.layers.Layer):
     """``num_units`` identical Residual Units (Eqns. 1-2, 4) in one loop.
 
-    Every unit has stride 1 and as many input as output channels; each
-    computes ``x_{l+1} = f(h(x_l) + F(x_l))`` with F, f and h as in
-    :class:`ResidualUnit` for the same ``unit``, ``block`` and ``shortcut``
-    (Figs. 2 and 4): ``full_preactivation`` with the identity is Eqn. (9),
-    ``x_{l+1} = x_l + F(f^(x_l))``.  The weights of unit ``j`` are slice
-    ``j`` of each stacked variable (``conv2_kernel`` has shape
-    ``(num_units, 3, 3, d, d)``, a gate's ``gate_kernel`` ``(num_units, 1, 1,
-    c, c)``), so the layer's graph (and XLA program) does not grow with
-    ``num_units``.
+    Every unit has stride 1 and as many input as output channels; each computes
+    ``x_{l+1} = f(h(x_l) + F(x_l))`` with F, f and h as in :class:`ResidualUnit` for the
+    same ``unit``, ``block`` and ``shortcut`` (Figs. 2 and 4): ``full_preactivation`` with
+    the identity is Eqn. (9), ``x_{l+1} = x_l + F(f^(x_l))``.  The weights of unit ``j`` are
+    slice ``j`` of each stacked variable (``conv2_kernel`` has shape
+    ``(num_units, 3, 3, d, d)``, a gate's ``gate_kernel`` ``(num_units, 1, 1, c, c)``), so
+    the layer's graph (and XLA program) does not grow with ``num_units``.
 
-    On TensorFlow, the loop's backward pass in training is written out (a second loop
-    from the last unit to the first applying the convolution, BN and ReLU
-    gradient kernels to the tensors the forward loop stored, and the
-    gradient of the shortcut's addition) rather than left to TensorFlow's
-    while-loop differentiation, which traces slower and runs a little
-    slower; on JAX, JAX differentiates the scan and ``recompute`` selects a
-    ``jax.checkpoint`` policy.  Each unit's BatchNormalization uses its batch moments and the
-    moving statistics of all units are updated after the loop with the rule
-    of ``keras.layers.BatchNormalization`` (``moving = moving * momentum +
-    batch * (1 - momentum)``); at inference the moving statistics are used.
+    On TensorFlow the backward pass in training is written out (:mod:`._tf_loop`: a second
+    loop, last unit to first), rather than left to TensorFlow's while-loop differentiation,
+    which traces slower and runs a little slower; on JAX, JAX differentiates the scan and
+    ``recompute`` selects a ``jax.checkpoint`` policy (:mod:`._jax_loop`).  Each unit's BN
+    uses its batch moments; the moving statistics of all units are updated after the loop
+    with ``keras.layers.BatchNormalization``'s rule
+    (``moving = moving * momentum + batch * (1 - momentum)``), and used at inference.
 
     Args:
-        filters: channels of the units' input and output (for bottlenecks,
-            the expanded width 4d).
+        filters: channels of the units' input and output (for bottlenecks, the expanded
+            width 4d).
         num_units: number of units in the stack.
         block: ``"basic"``, ``"bottleneck"`` or ``"single"``.
         unit: the Fig. 4 ordering (as :class:`ResidualUnit`).
-        shortcut: the Fig. 2 shortcut (as :class:`ResidualUnit`), with its
-            arguments ``shortcut_scale``, ``scale_residual``,
-            ``gate_bias_init``, ``shortcut_dropout_rate``.
-        stochastic_depth_rates: one drop rate per unit (Huang et al. 2016),
-            or ``None``.
-        first_unit: the 1-based index of the first unit in its stage; unit
-            ``j`` of the stack corresponds to the unrolled layer
-            ``stage{s}_unit{first_unit + j}`` (used by ``transfer_weights``).
-        bottleneck_width: width d of a bottleneck's 1x1/3x3 layers
-            (default ``filters // 4``).
+        shortcut: the Fig. 2 shortcut (as :class:`ResidualUnit`), with its arguments
+            ``shortcut_scale``, ``scale_residual``, ``gate_bias_init``,
+            ``shortcut_dropout_rate``.
+        stochastic_depth_rates: one drop rate per unit (Huang et al. 2016), or ``None``.
+        first_unit: the 1-based index of the first unit in its stage; unit ``j`` of the
+            stack corresponds to the unrolled layer ``stage{s}_unit{first_unit + j}`` (used
+            by ``transfer_weights``).
+        bottleneck_width: width d of a bottleneck's 1x1/3x3 layers (default
+            ``filters // 4``).
         kernel_size: size of the spatial convolutions.
         use_bias: give the convolutions biases.
         bn_momentum, bn_epsilon: BatchNormalization settings.
-        kernel_initializer: applied to each unit's kernel separately (so
-            fan-in/fan-out are those of one unit); default He normal with
-            fan-out, as :class:`ResidualUnit`.
-        kernel_regularizer: applied to every stacked kernel (a sum over
-            units, as for the unrolled layers with an additive penalty).
-        recompute: what the backward pass computes again rather than keeps:
-            ``"none"`` keeps every tensor the gradient reads;
-            ``"bn_relu"`` recomputes each BN-ReLU output from the BN's input,
-            halving a pre-activation bottleneck stage's activation memory
-            for one BN-ReLU pass per BN; ``"unit"`` keeps only each unit's
-            input and runs the unit forward again, one feature map per unit
-            for one more forward pass of compute.
-        seed: seed of the random masks; unit ``j`` draws what an unrolled
-            unit seeded ``seed + j`` draws.
+        kernel_initializer: applied to each unit's kernel separately (so fan-in/fan-out are
+            those of one unit); default He normal with fan-out, as :class:`ResidualUnit`.
+        kernel_regularizer: applied to every stacked kernel (a sum over units, as for the
+            unrolled layers with an additive penalty).
+        recompute: what the backward pass computes again rather than keeps: ``"none"``,
+            nothing; ``"bn_relu"``, each BN-ReLU output from the BN's input (half a
+            pre-activation bottleneck stage's activation memory, for one BN-ReLU pass per
+            BN); ``"unit"``, all but each unit's input, running the unit forward again (one
+            feature map per unit, for one more forward pass of compute).
+        seed: seed of the random masks; unit ``j`` draws what an unrolled unit seeded
+            ``seed + j`` draws.
     """
 
     def __init__(self, filters, num_units, *, block="basic", unit="full_preactivation",

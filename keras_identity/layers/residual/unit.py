@@ -56,30 +56,26 @@ def check_preactivation(unit, preactivation, post_activation):
 class ResidualUnit(keras.layers.Layer):
     """A Residual Unit, Eqns. (1)-(2): ``x_{l+1} = f(h(x_l) + F(x_l, W_l))``.
 
-    ``F`` is a stack of K weight layers (``block``, :mod:`.blocks`), ``h`` is
-    the shortcut (``shortcut``, Fig. 2, :mod:`.shortcuts`) and the placement
-    of BN and ReLU around them is one of the orderings of Fig. 4 (``unit``,
-    :mod:`.orderings`); units (d) and (e) compute Eqn. (9),
-    ``x_{l+1} = x_l + F(f^(x_l))``.  The unit runs its ordering's program
+    ``F`` is a stack of K weight layers (``block``, :mod:`.blocks`), ``h`` is the shortcut
+    (``shortcut``, Fig. 2, :mod:`.shortcuts`) and the placement of BN and ReLU around them
+    is one of the orderings of Fig. 4 (``unit``, :mod:`.orderings`); units (d) and (e)
+    compute Eqn. (9), ``x_{l+1} = x_l + F(f^(x_l))``.  The unit runs its ordering's program
     (:func:`.orderings.unit_program`) with its sub-layers, and its shortcut's
-    :func:`.shortcuts.add`; a looped :class:`ResidualStack` runs the same
-    definitions.
+    :func:`.shortcuts.add`; a looped :class:`ResidualStack` runs the same definitions.
 
-    When the unit changes shape (``strides > 1`` or a different number of
-    channels), ``h`` first matches shapes by ``dimension_shortcut``: ``"A"``
-    (subsample and zero-pad channels, no parameters) or ``"B"`` (1x1
-    projection; followed by BN in the post-activation orderings (a)-(c) as in
-    the original ResNet, bare in the pre-activation ones as in the authors'
-    pre-activation code).  The gating, scaling and dropout variants act on
-    that matched shortcut.
+    When the unit changes shape (``strides > 1`` or a different number of channels), ``h``
+    first matches shapes by ``dimension_shortcut``: ``"A"`` (subsample and zero-pad
+    channels, no parameters) or ``"B"`` (1x1 projection; followed by BN in the
+    post-activation orderings (a)-(c) as in the original ResNet, bare in the pre-activation
+    ones as in the authors' pre-activation code).  The gating, scaling and dropout variants
+    act on that matched shortcut.
 
     Activation rules of the paper's appendix, for orderings (d) and (e):
-    ``preactivation="shared"`` applies the unit's first activation before the
-    split, so both branches see it (the first unit after a bare stem conv,
-    and in the authors' code every unit that changes shape, whose projection
-    then reads the pre-activated input); ``preactivation="none"`` omits it
-    (the input is already activated, e.g. after the ImageNet stem);
-    ``post_activation=True`` adds an activation after the addition (the last
+    ``preactivation="shared"`` applies the unit's first activation before the split, so both
+    branches see it (the first unit after a bare stem conv, and in the authors' code every
+    unit that changes shape, whose projection then reads the pre-activated input);
+    ``preactivation="none"`` omits it (the input is already activated, e.g. after the
+    ImageNet stem); ``post_activation=True`` adds an activation after the addition (the last
     unit before pooling).
 
     Args:
@@ -90,37 +86,34 @@ class ResidualUnit(keras.layers.Layer):
             ``"full_preactivation"``).
         shortcut: the Fig. 2 shortcut (``"identity"``, ``"constant_scaling"``,
             ``"exclusive_gating"``, ``"shortcut_only_gating"``, ``"conv1x1"``,
-            ``"dropout"``; its arguments below), or an object of
-            :mod:`.shortcuts` carrying its arguments, e.g.
-            ``shortcuts.ExclusiveGating(gate_bias_init=-6.0)``.
+            ``"dropout"``; its arguments below), or an object of :mod:`.shortcuts` carrying
+            its arguments, e.g. ``shortcuts.ExclusiveGating(gate_bias_init=-6.0)``.
         strides: stride of the unit (1 or 2 in the papers' nets).
         dimension_shortcut: ``"A"`` or ``"B"``, for units that change shape.
-        bottleneck_width: width d of a bottleneck's 1x1/3x3 layers
-            (default ``filters // 4``).
+        bottleneck_width: width d of a bottleneck's 1x1/3x3 layers (default
+            ``filters // 4``).
         kernel_size: size of the spatial (3x3) convolutions.
-        stride_on_1x1: for bottlenecks, put the stride on the first 1x1 conv
-            (the authors' code) rather than the 3x3 (fb.resnet.torch, "v1.5").
+        stride_on_1x1: for bottlenecks, put the stride on the first 1x1 conv (the authors'
+            code) rather than the 3x3 (fb.resnet.torch, "v1.5").
         preactivation: ``"residual"``, ``"shared"`` or ``"none"``, see above.
         post_activation: add the activation after the addition (last unit).
         shortcut_scale: lambda of ``constant_scaling``, >= 0 (default 0.5).
         scale_residual: with ``constant_scaling``, scale F by ``1 - lambda``.
         gate_bias_init: initial b_g of the gated shortcuts (default 0).
-        shortcut_dropout_rate: drop rate of the ``dropout`` shortcut, [0, 1)
-            (default 0.5).
-        stochastic_depth_rate: probability, per example, of dropping F during
-            training (Huang et al. 2016); F is rescaled by ``1/(1-rate)`` when
-            kept, so inference uses the full unit unchanged.
-        use_bias: give the convolutions biases (the papers' nets have none:
-            BN follows or precedes every convolution).
-        bn_momentum, bn_epsilon: BatchNormalization settings (the Torch
-            defaults of the authors' code: 0.9 and 1e-5).
-        kernel_initializer: defaults to He normal with fan-out, as the
-            authors' code.
+        shortcut_dropout_rate: drop rate of the ``dropout`` shortcut, [0, 1) (default 0.5).
+        stochastic_depth_rate: probability, per example, of dropping F during training
+            (Huang et al. 2016); F is rescaled by ``1/(1-rate)`` when kept, so inference
+            uses the full unit unchanged.
+        use_bias: give the convolutions biases (the papers' nets have none: BN follows or
+            precedes every convolution).
+        bn_momentum, bn_epsilon: BatchNormalization settings (the Torch defaults of the
+            authors' code: 0.9 and 1e-5).
+        kernel_initializer: defaults to He normal with fan-out, as the authors' code.
         kernel_regularizer: applied to every convolution kernel.
         seed: seed of the dropout / stochastic-depth masks.
 
-    The four shortcut arguments apply to their shortcuts only; giving one to
-    another shortcut raises a ``ValueError`` naming the shortcuts it needs.
+    The four shortcut arguments apply to their shortcuts only; giving one to another
+    shortcut raises a ``ValueError`` naming the shortcuts it needs.
     """
 
     def __init__(self, filters, *, block="basic", unit="original", shortcut="identity",
