@@ -256,7 +256,7 @@ def _bn(name, momentum, epsilon):
 def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, input_shape,
                        dimension_shortcut, shortcut_scale, scale_residual, gate_bias_init,
                        shortcut_dropout_rate, stochastic_depth_rate, stage_mode, recompute,
-                       stride_on_1x1=True, classifier_activation="softmax",
+                       stride_on_1x1=None, classifier_activation="softmax",
                        include_top=True, include_preprocessing=False, normalization=None,
                        pooling=None, weights=None):
     """Validates :func:`resnet`'s arguments (the one place they are checked)
@@ -283,6 +283,8 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
                          "(a softmax over one class is always 1); use num_classes >= 2, or "
                          "classifier_activation='sigmoid' for a binary output.")
     input_shape = check_input_shape(input_shape, dataset)
+    if stride_on_1x1 is None:   # where the released models stride (see resnet's docstring)
+        stride_on_1x1 = not (family == "imagenet" and unit in PREACTIVATION_UNITS)
     _check_input_size(input_shape, family, block, stride_on_1x1, depth)
     _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
                         high_inclusive=False)
@@ -298,7 +300,8 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
         block=block, units=units, family=family, dimension_shortcut=dimension_shortcut,
         num_classes=num_classes, input_shape=input_shape, shortcut=shortcut.name,
         shortcut_args=shortcut.config(),
-        stage_mode=stage_mode, recompute=recompute, normalization=normalization)
+        stage_mode=stage_mode, recompute=recompute, normalization=normalization,
+        stride_on_1x1=bool(stride_on_1x1))
 
 
 def check_arguments(builder, *args, **kwargs):
@@ -327,7 +330,7 @@ def _checked(arguments):
 def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity",
            block=None, num_classes=None, input_shape=None, dimension_shortcut=None,
            shortcut_scale=None, scale_residual=None, gate_bias_init=None,
-           shortcut_dropout_rate=None, stochastic_depth_rate=0.0, stride_on_1x1=True,
+           shortcut_dropout_rate=None, stochastic_depth_rate=0.0, stride_on_1x1=None,
            include_top=True, classifier_activation="softmax", kernel_regularizer=None,
            bn_momentum=0.9, bn_epsilon=1e-5, stage_mode="auto", recompute="none", seed=None,
            include_preprocessing=False, normalization=None, pooling=None, weights=None,
@@ -358,8 +361,11 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
             not apply to is refused.
         stochastic_depth_rate: drop rate of the last unit; unit l of L drops with
             ``rate * l / L`` (Huang et al.'s linear decay).  0 disables.
-        stride_on_1x1: bottleneck stride on the first 1x1 convolution (the authors' code)
-            or, if False, on the 3x3 (fb.resnet.torch).
+        stride_on_1x1: bottleneck stride on the first 1x1 convolution (True) or on the
+            3x3 (False); ``None`` (default) strides where the released models do: the
+            3x3 for ImageNet pre-activation nets (Table 5's ResNet-200, released with
+            fb.resnet.torch, whose weights load as they are), the first 1x1 otherwise
+            (the authors' CIFAR code, MSRA's released ImageNet ResNets).
         include_top: add global average pooling and the classifier; without it the model
             returns features (see ``pooling``).
         classifier_activation: activation of the classifier (``"softmax"``; ``None`` returns
@@ -414,7 +420,7 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     use_bias = family == "mnist"
     unit_kwargs = dict(
         block=block, unit=unit, shortcut=a.shortcut, dimension_shortcut=dimension_shortcut,
-        stride_on_1x1=stride_on_1x1, **shortcut_args, use_bias=use_bias,
+        stride_on_1x1=a.stride_on_1x1, **shortcut_args, use_bias=use_bias,
         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon, kernel_initializer=kernel_init,
         kernel_regularizer=kernel_regularizer, seed=seed)
 

@@ -236,3 +236,31 @@ def test_one_class_softmax_is_refused():
                             input_shape=(8, 8, 3)).output_shape == (None, 1)
     with pytest.raises(ValueError, match="num_classes=1 is not valid; expected an integer >= 2"):
         ki.models.highway_net(4, num_classes=1)
+
+
+def _strided_kernels(unit):
+    """The kernel sizes of a bottleneck unit's residual convolutions with stride 2."""
+    return [layer.kernel.shape[0] for layer in unit._flatten_layers()
+            if isinstance(layer, keras.layers.Conv2D) and layer.strides == (2, 2)
+            and layer is not unit.projection]
+
+
+def test_imagenet_preactivation_nets_stride_the_3x3_as_the_released_model():
+    # Table 5's pre-activation ResNets were released with fb.resnet.torch,
+    # which strides a bottleneck's 3x3: its weights load into the default
+    # model as they are.  The CIFAR nets (the authors' code) and the original
+    # ImageNet ResNets (MSRA's release) stride the first 1x1.
+    cases = [(ki.models.preact_resnet(50, dataset="imagenet", input_shape=(64, 64, 3)), 3),
+             (ki.models.preact_resnet(50, dataset="imagenet", input_shape=(64, 64, 3),
+                                      stride_on_1x1=True), 1),
+             (ki.models.resnet(50, dataset="imagenet", input_shape=(64, 64, 3)), 1),
+             (ki.models.resnet(50, dataset="imagenet", input_shape=(64, 64, 3),
+                               stride_on_1x1=False), 3),
+             (ki.models.preact_resnet(47, stage_mode="unrolled"), 1)]
+    for model, kernel in cases:
+        strided = [l for l in model.layers if getattr(l, "strides", 1) == 2
+                   and hasattr(l, "stride_on_1x1")]
+        assert strided, model.name
+        for unit in strided:
+            assert unit.stride_on_1x1 is (kernel == 1), (model.name, unit.name)
+            assert _strided_kernels(unit) == [kernel], (model.name, unit.name)
