@@ -95,7 +95,8 @@ def check_path(path, name="model_dir"):
     control character (a newline pasted into a flag), on a disk or in a
     bucket: files named with it break every line that names them."""
     path = os.fspath(path)
-    control = next((i for i, c in enumerate(path) if unicodedata.category(c) == "Cc"), None)
+    control = next((i for i, c in enumerate(path)
+                    if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if control is not None:
         raise ValueError(f"{name}={path!r} holds a control character ({path[control]!r} at "
                          f"position {control}); expected a path without control characters")

@@ -58,7 +58,7 @@ def test_path_helpers():
 
 @pytest.mark.parametrize("path, position", [
     ("gs://bucket/run\nx", 15), ("/tmp/run\nx", 8), ("runs/a\tb", 6), ("gs://b-1/x\x7f", 10),
-    ("runs/\x1b[31m", 5)])
+    ("runs/\x1b[31m", 5), ("runs/a\u2028b", 6)])
 def test_check_path_refuses_control_characters_on_a_disk_and_in_a_bucket(path, position):
     # A newline pasted into --model_dir trained into object names holding it,
     # and split every line that named them in two.

@@ -253,6 +253,13 @@ def _bn(name, momentum, epsilon):
     return FusedBatchNormalization(momentum=momentum, epsilon=epsilon, name=name)
 
 
+def default_stride_on_1x1(dataset, unit):
+    """Where a bottleneck strides by default (``stride_on_1x1=None``), as the
+    released models do: the 3x3 (False) for ImageNet pre-activation nets
+    (Table 5's, fb.resnet.torch), the first 1x1 (True) otherwise."""
+    return not (_family(dataset) == "imagenet" and unit in PREACTIVATION_UNITS)
+
+
 def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, input_shape,
                        dimension_shortcut, shortcut_scale, scale_residual, gate_bias_init,
                        shortcut_dropout_rate, stochastic_depth_rate, stage_mode, recompute,
@@ -283,8 +290,8 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
                          "(a softmax over one class is always 1); use num_classes >= 2, or "
                          "classifier_activation='sigmoid' for a binary output.")
     input_shape = check_input_shape(input_shape, dataset)
-    if stride_on_1x1 is None:   # where the released models stride (see resnet's docstring)
-        stride_on_1x1 = not (family == "imagenet" and unit in PREACTIVATION_UNITS)
+    if stride_on_1x1 is None:
+        stride_on_1x1 = default_stride_on_1x1(dataset, unit)
     _check_input_size(input_shape, family, block, stride_on_1x1, depth)
     _checks.check_range("stochastic_depth_rate", stochastic_depth_rate, 0.0, 1.0,
                         high_inclusive=False)

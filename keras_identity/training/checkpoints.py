@@ -437,11 +437,13 @@ def describe_cause(error):
     return text or type(error).__name__
 
 
-def write_error(directory, step, error, previous):
+def write_error(directory, step, error, previous, context=None):
     """The :class:`WriteError` of a checkpoint of ``step`` that could not be
-    written into ``directory`` for ``error``; ``previous``: the step of the
-    checkpoint still intact (None: none; :data:`UNKNOWN`: not known now)."""
-    cause = describe_cause(error)
+    written into ``directory`` for ``error`` (``context``: what was being
+    done, said before it); ``previous``: the step of the checkpoint still
+    intact (None: none; :data:`UNKNOWN`: not known now)."""
+    cause = describe_cause(error) if context is None else \
+        f"{context}: {describe_cause(error)}"
     fix = ("free space" if out_of_space(error) else
            f"make {directory} writable" if isinstance(error, PermissionError)
            else "fix the cause")

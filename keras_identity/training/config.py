@@ -20,6 +20,7 @@ from keras_identity import storage
 from keras_identity.data import facts
 from keras_identity.data import normalization as normalization_lib
 from keras_identity.models import registry
+from keras_identity.models.resnet import default_stride_on_1x1
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import run_files
@@ -244,6 +245,25 @@ class TrainConfig:
         builder, arguments = registry.resolve(self.model, self.depth, self.dataset,
                                               **self.model_kwargs)
         return _without_defaults(builder, arguments)
+
+    def identity_arguments(self):
+        """:meth:`builder_arguments` as a run's identity records them: a
+        bottleneck's stride on the 3x3 (``stride_on_1x1`` resolved False, the
+        ImageNet pre-activation default) is recorded, on the first 1x1 (True,
+        the only default before) left out, so that a run started under the
+        earlier default never resumes on the other architecture."""
+        arguments = self.builder_arguments()
+        builder, given = registry.resolve(self.model, self.depth, self.dataset,
+                                          **self.model_kwargs)
+        if "stride_on_1x1" not in builder.defaults:
+            return arguments
+        stride = given.get("stride_on_1x1")
+        if stride is None:
+            unit = ("full_preactivation" if builder.name == "preact_resnet"
+                    else given.get("unit", builder.defaults["unit"]))
+            stride = default_stride_on_1x1(given.get("dataset", self.dataset), unit)
+        arguments.pop("stride_on_1x1", None)
+        return arguments if stride else {**arguments, "stride_on_1x1": False}
 
     @property
     def resolved_recipe(self):

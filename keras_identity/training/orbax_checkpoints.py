@@ -365,37 +365,37 @@ class OrbaxCheckpointer(checkpoints.Checkpointer):
 
     def finish(self, before=None):
         """Waits for the checkpoint being written, then keeps the run's newest
-        ``keep``; raises :class:`checkpoints.WriteError` when it could not be
-        written (its partial files removed, the one before intact).
-        ``before``: the step :meth:`save` is about to write; a write still
-        running then is named so, and a commit that cannot be confirmed (the
-        store stopped answering since) is that new checkpoint's failure."""
+        ``keep``; raises :class:`checkpoints.WriteError` when it could not be written
+        (its partial files removed, the one before intact).  ``before``: the step
+        :meth:`save` is about to write; a write still running then is named so, and
+        a commit whose listing fails is that new checkpoint's failure."""
         if self._pending is None:
             return
         step, self._pending = self._pending, None
-        failure, written = None, False
+        failure, unconfirmed, context = None, False, None
         still_running = before is not None and self._checkpoints().is_saving_in_progress()
         try:
             self._wait_for_write()
-            written = True
-            # Process 0 commits it: its listing tells.
-            if self._primary() and step not in self._steps():
-                raise OSError(f"{_name(step)} was not committed")
         except Exception as error:
             failure = error
-        failure = _agreed(failure, "keras_identity_checkpoint_end")
+        if failure is None and self._primary():   # process 0 commits it: its listing tells
+            try:
+                committed = self._steps()
+            except Exception as error:
+                failure, unconfirmed = error, True
+            else:
+                if step not in committed:
+                    failure = OSError(f"{_name(step)} was not committed")
+        own, failure = failure, _agreed(failure, "keras_identity_checkpoint_end")
         if failure is not None:
             self._clean(step)
-            if written and before is not None:
-                failure = OSError(f"confirming the commit of {_name(step)}, written before: "
-                                  f"{checkpoints.describe_cause(failure)}")
-                step = before
-            elif still_running:
-                failure = OSError(f"its background write was still running when the "
-                                  f"checkpoint of step {before} began: "
-                                  f"{checkpoints.describe_cause(failure)}")
-            raise checkpoints.write_error(self.directory, step, failure,
-                                          self._intact_step()) from None
+            if unconfirmed and failure is own and before is not None:
+                context, step = f"confirming the commit of {_name(step)}, written before", before
+            elif still_running and failure is own:
+                context = (f"its background write was still running when the checkpoint of "
+                           f"step {before} began")
+            raise checkpoints.write_error(self.directory, step, failure, self._intact_step(),
+                                          context) from None
         self._steps_written.add(step)
         try:
             self._remove_old()

@@ -50,7 +50,7 @@ def run_identity(config, data, recipe, plan, normalization, augmentation):
     """
     momentum, decay = config.momentum_and_decay(recipe)
     return {
-        "model": config.model, "model_kwargs": config.builder_arguments(),
+        "model": config.model, "model_kwargs": config.identity_arguments(),
         "dataset": config.dataset, "data_dir": data.fingerprint,
         "train_examples": config.train_examples, "test_examples": config.test_examples,
         "recipe": recipe.name, "batch_size": plan.batch_size,

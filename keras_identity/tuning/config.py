@@ -174,7 +174,7 @@ def search_identity(search, data, recipe):
         "activations": dimension("activation"),
         "objective": search.objective,
         "epochs": config.epochs, "validation_split": search.validation_split,
-        "model": config.model, "model_kwargs": config.builder_arguments(),
+        "model": config.model, "model_kwargs": config.identity_arguments(),
         "dataset": config.dataset, "data_dir": data.fingerprint,
         "train_examples": config.train_examples, "recipe": recipe.name,
         "batch_size": config.batch_size, "precision": config.precision,

@@ -121,3 +121,28 @@ def test_a_backends_own_setting_is_checked_against_the_backend(name, backend, wo
             TrainConfig(**{name: 2}).validate()
         assert str(error.value).startswith(
             f"{name} is not valid on the {keras.backend.backend()} backend; {words}")
+
+
+@pytest.mark.parametrize("model, depth, dataset, kwargs, recorded", [
+    ("preact_resnet", 50, "imagenet", {}, False),
+    ("preact_resnet200_imagenet", None, "imagenet", {}, False),
+    ("resnet", 50, "imagenet", {"unit": "full_preactivation"}, False),
+    ("resnet", 50, "imagenet", {"stride_on_1x1": False}, False),
+    ("preact_resnet", 50, "imagenet", {"stride_on_1x1": True}, None),
+    ("resnet", 50, "imagenet", {}, None),
+    ("preact_resnet", 164, "cifar10", {}, None),
+])
+def test_a_runs_identity_records_a_stride_on_the_3x3(model, depth, dataset, kwargs, recorded):
+    # ImageNet pre-activation nets stride the 3x3 by default (Table 5's
+    # released model); the first 1x1 was the only default before, and a
+    # run's identity leaves defaults out.  So the 3x3 is recorded and the
+    # 1x1 left out: a run started under the earlier default (no key) never
+    # resumes on the other architecture, and one with stride_on_1x1=true does.
+    from keras_identity.training import run_files
+
+    config = TrainConfig(model=model, depth=depth, dataset=dataset, model_kwargs=kwargs)
+    arguments = config.identity_arguments()
+    assert arguments.get("stride_on_1x1") == recorded
+    before = {k: v for k, v in arguments.items() if k != "stride_on_1x1"}
+    lines = run_files.differences({"model_kwargs": before}, {"model_kwargs": arguments})
+    assert lines == ([] if recorded is None else ["stride_on_1x1: None != False"])

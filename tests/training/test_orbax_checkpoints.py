@@ -441,10 +441,13 @@ def test_a_run_killed_during_a_background_write_resumes_as_if_uninterrupted(tmp_
                 names = []
             writing = [n for n in names if ".orbax-checkpoint-tmp" in n]
             if writing and any(n.startswith("ckpt_") and "tmp" not in n for n in names):
-                proc.send_signal(signal.SIGKILL)   # a write in flight, one committed before
-                caught = writing[0]
-            else:
-                time.sleep(0.001)
+                proc.send_signal(signal.SIGSTOP)   # a write in flight, one committed before
+                if any(".orbax-checkpoint-tmp" in n for n in os.listdir(folder)):
+                    proc.send_signal(signal.SIGKILL)   # still in flight once stopped
+                    caught = writing[0]
+                    continue
+                proc.send_signal(signal.SIGCONT)   # it committed in between: look again
+            time.sleep(0.001)
     finally:
         proc.kill()
         proc.wait()
