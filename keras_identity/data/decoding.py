@@ -87,7 +87,7 @@ def conversions(encoded, channels, names):
         layout = image_headers.declared_layout(data)
         if layout is None:
             continue
-        if layout[1] == 16 and image_headers.is_png(data):
+        if layout[1] == 16 and png_pixels.header(data) is not None:
             sixteen.append(name)
         if channels == 3 and layout[0] < 3:
             gray.append(name)

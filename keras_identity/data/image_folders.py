@@ -90,13 +90,10 @@ def assemble(name, source, items, channels):
                         f"train/<class>/ and test/<class>/ (or val/<class>/).")
     check_test_classes(source, items["train"], [(c, n) for c, _, n in items["test"]])
     index = {cls: i for i, cls in enumerate(classes)}
-    arrays, notes = {}, []
+    arrays = {}
     for split, entries in items.items():
-        encoded, names = [b for _, b, _ in entries], [n for _, _, n in entries]
-        arrays[f"x_{split}"] = decode_all(encoded, channels, names, source)
-        converted = conversions(encoded, channels, names)
-        if converted:
-            notes.append(converted)
+        arrays[f"x_{split}"] = decode_all([b for _, b, _ in entries], channels,
+                                          [n for _, _, n in entries], source)
         arrays[f"y_{split}"] = np.array([index[c] for c, _, _ in entries], np.int32)
     shapes = {arrays["x_train"].shape[1:], arrays["x_test"].shape[1:]}
     if len(shapes) != 1:
@@ -109,7 +106,9 @@ def assemble(name, source, items, channels):
     # on other pixels.
     decoder = "" if _tensorflow.available() else "; decoded by Pillow"
     # Conversions are said with the data's description (as npz_files does).
-    described = source + (f" (converted: {'; '.join(notes)})" if notes else "")
+    converted = conversions([b for split in items.values() for _, b, _ in split], channels,
+                            [n for split in items.values() for _, _, n in split])
+    described = source + (f" (converted: {converted})" if converted else "")
     return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
                         image_shape=tuple(arrays["x_train"].shape[1:]), source=described,
                         fingerprint=fingerprint(source) + decoder, **arrays)

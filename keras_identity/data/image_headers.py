@@ -110,11 +110,6 @@ def declared_size(data):
     return None
 
 
-def is_png(data):
-    """Whether the bytes ``data`` begin as a PNG file does."""
-    return bytes(data[:4]) == _PNG
-
-
 # The channels of a PNG's colour types (gray, RGB, palette, gray + alpha, RGBA).
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 

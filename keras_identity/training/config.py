@@ -252,9 +252,9 @@ class TrainConfig:
         ImageNet pre-activation default) is recorded, on the first 1x1 (True,
         the only default before) left out, so that a run started under the
         earlier default never resumes on the other architecture."""
-        arguments = self.builder_arguments()
         builder, given = registry.resolve(self.model, self.depth, self.dataset,
                                           **self.model_kwargs)
+        arguments = _without_defaults(builder, given)
         if "stride_on_1x1" not in builder.defaults:
             return arguments
         stride = given.get("stride_on_1x1")

@@ -98,6 +98,14 @@ def test_transfer_weights_rejects_different_networks():
         transfer_weights(a, b)
 
 
+def _both_forms(builder, depth, **kwargs):
+    """The unrolled and the looped form of one network, with the same weights."""
+    unrolled = builder(depth, stage_mode="unrolled", **kwargs)
+    looped = builder(depth, stage_mode="scan", **kwargs)
+    transfer_weights(unrolled, looped)
+    return unrolled, looped
+
+
 def _loop_bn_differs():
     if BACKEND != "tensorflow":
         return False
@@ -142,9 +150,7 @@ def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
     epochs = 1 if rounds_differently else 2
     if rounds_differently:
         learning_rate = 1e-3
-    unrolled = ki.models.resnet(29, stage_mode="unrolled", **kwargs)
-    looped = ki.models.resnet(29, stage_mode="scan", **kwargs)
-    transfer_weights(unrolled, looped)
+    unrolled, looped = _both_forms(ki.models.resnet, 29, **kwargs)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, 8, 8, 3)).astype("float32")
     y = rng.integers(0, 10, size=16)
@@ -170,10 +176,7 @@ def test_scan_model_trains_in_parts_at_odd_batches_like_unrolled(monkeypatch):
 
     monkeypatch.setattr(_tf_batch_parts, "conv_parts", lambda: 2)
     monkeypatch.setattr(_tf_batch_norm, "affine_batch_norm", lambda in_parts=False: True)
-    kwargs = dict(input_shape=(8, 8, 3), seed=0)
-    unrolled = ki.models.preact_resnet(20, stage_mode="unrolled", **kwargs)
-    looped = ki.models.preact_resnet(20, stage_mode="scan", **kwargs)
-    transfer_weights(unrolled, looped)
+    unrolled, looped = _both_forms(ki.models.preact_resnet, 20, input_shape=(8, 8, 3), seed=0)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(14, 8, 8, 3)).astype("float32")
     y = rng.integers(0, 10, size=14)

@@ -128,9 +128,6 @@ def join(xs, n, gradient=False):
         return xs[0]
     if not gradient:
         return tf.concat(xs, axis=0)[:n]
-    static = tf.get_static_value(n)
-    if static is not None:
-        return tf.add_n(xs) if static < len(xs) else tf.concat(xs, axis=0)
     sizes = [x.shape[0] for x in xs]
     if None not in sizes and len(set(sizes)) > 1:
         # Parts of static, unequal sizes (a stream batched with
