@@ -8,7 +8,8 @@ r"""Trains any keras_identity model under tf.distribute with the papers' recipes
 Writes into --model_dir: TensorBoard logs (tensorboard/), history.csv and
 history.json, curves.png (training loss dashed, test error solid), checkpoints/
 (resumed automatically when the same command runs again), config.json,
-preprocessing.json (what serving needs) and the final model.keras.
+preprocessing.json (what serving needs), the final model.keras and, once the
+run is complete, its model card (model_card.md and model_card.json).
 """
 
 import os
@@ -58,7 +59,10 @@ def main(argv):
         _cli.fail(message, code, at_once=processes > 1)
 
     try:
-        train(config_from_flags())
+        config = config_from_flags()
+        result = train(config)
+        if result["chief"] and result["complete"]:
+            write_card(config, result)
     except Stopped as stopped:
         # Saved: the one line, and the status a scheduler requeues on.
         print(f"{stopped} (exit status {STOP_STATUS})", file=sys.stderr, flush=True)
@@ -92,6 +96,16 @@ def main(argv):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def write_card(config, result):
+    """Writes the complete run's model card (model_card.md and .json) and says where."""
+    from keras_identity.training import model_card
+    from keras_identity_cli import machine
+
+    card = model_card.make_card(config, result, command=model_card.command_line(),
+                                machine=machine.describe())
+    print(f"model card: {model_card.write_card(config.model_dir, card)}")
 
 
 def run():

@@ -38,6 +38,7 @@ from keras_identity.models.resnet import check_top
 from keras_identity.models.resnet import input_normalization
 from keras_identity.models.resnet import pooled_features
 from keras_identity.models.resnet import resolve_normalization
+from keras_identity.models import pretrained
 from keras_identity.models.weights import check_weights_path
 from keras_identity.models.weights import load_weights
 
@@ -146,12 +147,17 @@ def _common(depth, dataset, architecture, activation, num_classes, input_shape, 
 def _net(depth, *, highway, dataset, architecture, width, activation, transform_bias_init,
          carry_gate, num_classes, input_shape, kernel_regularizer, include_top, pooling,
          include_preprocessing, normalization, weights, name, kernel_initializer=None):
+    given = dict(locals())
     check_top(include_top, pooling, num_classes)
     check_weights_path(weights)
     architecture, num_classes, input_shape = _common(
         depth, dataset, architecture, activation, num_classes, input_shape,
         minimum=3 if dataset == "mnist" else 7,
         activations=ACTIVATIONS if highway else PLAIN_ACTIVATIONS)
+    function = highway_net if highway else plain_net
+    defaults = pretrained.defaults_of(function)
+    weights = pretrained.weights_file(function.__name__, weights,
+                                   {k: v for k, v in given.items() if k in defaults}, defaults)
     dense_layer, conv_layer = _plain_layers(activation, kernel_initializer, kernel_regularizer)
     # CReLU doubles a layer's outputs: 1/sqrt(2) of the width keeps about the
     # parameters of the ReLU net (Balduzzi et al. 2017, Sec. 5.1).

@@ -104,6 +104,9 @@ def _entries():
             f"ResNet-{depth} (He et al. 2016, Table 5)", depth=depth, dataset="imagenet")
     add("resnet52_mnist", "resnet", "the lecture notes' MNIST ResNet: conv0 1x1, 25 units "
         "of 16 channels (117,802 parameters)", depth=52, dataset="mnist")
+    add("resnet52_mnist_plain", "resnet", "the lecture notes' MNIST ResNet without its "
+        "shortcuts (lambda = 0): the plain twin of Veit et al.'s deletion study", depth=52,
+        dataset="mnist", shortcut="constant_scaling", shortcut_scale=0.0)
     for depth in (10, 20, 50, 100):
         add(f"highway{depth}_mnist", "highway_net", f"fully connected highway net, {depth} "
             "layers of 50 blocks (Srivastava et al. 2015, Fig. 1)", depth=depth)
@@ -164,6 +167,28 @@ def resolve(name, depth=None, dataset=None, **kwargs):
         arguments["depth"] = builder.default_depths.get(dataset)
     arguments.update(kwargs)
     return builder, arguments
+
+
+def non_default_arguments(builder, arguments):
+    """``arguments`` of ``builder`` (a :class:`Builder`) without those equal
+    to its defaults (``depth`` and ``dataset`` are always kept)."""
+    defaults = builder.defaults
+    return {k: v for k, v in arguments.items()
+            if k not in defaults or v != defaults[k] or k in ("depth", "dataset")}
+
+
+def configuration_name(builder, arguments):
+    """The named configuration of builder ``builder`` (a name) whose arguments
+    are ``arguments`` (defaults left out), or ``None``."""
+    def key(given):
+        return non_default_arguments(
+            BUILDERS[builder], {"dataset": BUILDERS[builder].default_dataset, **given})
+
+    wanted = key(arguments)
+    for name, entry in NAMED_MODELS.items():
+        if entry.builder == builder and key(resolve(name)[1]) == wanted:
+            return name
+    return None
 
 
 def check_model_kwargs(name, depth=None, dataset=None, **kwargs):

@@ -44,6 +44,7 @@ from keras_identity.layers.residual.orderings import PREACTIVATION_UNITS
 from keras_identity.layers.residual.orderings import UNITS
 from keras_identity.models.stage import check_stage_mode
 from keras_identity.models.stage import residual_stage
+from keras_identity.models import pretrained
 from keras_identity.models.weights import check_weights_path
 from keras_identity.models.weights import load_weights
 
@@ -409,15 +410,20 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
         pooling: with ``include_top=False``: ``None`` (the last feature map, after the final
             BN-ReLU of pre-activation nets), ``"avg"`` or ``"max"`` (global pooling to one
             vector per image).
-        weights: a ``.keras`` file of a trained model (its weights are copied by layer and
-            unit name, across stage modes; the classifier is left out when
-            ``include_top=False``) or a ``.weights.h5`` file of this very architecture.
+        weights: a preset's name (``"mnist"``: :func:`keras_identity.models.presets`
+            lists them with their test errors and cards; a name with no preset for these
+            arguments is refused), a ``.keras`` file of a trained model (its weights are
+            copied by layer and unit name, across stage modes; the classifier is left out
+            when ``include_top=False``) or a ``.weights.h5`` file of this very
+            architecture.
         name: model name (default e.g. ``"preact_resnet164"``).
 
     Returns:
         A functional ``keras.Model``.
     """
-    a = _resolve_arguments(**_checked(locals()))  # every argument it checks, by name
+    given = dict(locals())
+    a = _resolve_arguments(**_checked(given))  # every argument it checks, by name
+    weights = pretrained.weights_file("resnet", weights, given, pretrained.defaults_of(resnet))
     block, units, family, dimension_shortcut = a.block, a.units, a.family, a.dimension_shortcut
     num_classes, input_shape, shortcut_args = a.num_classes, a.input_shape, a.shortcut_args
     stage_mode, recompute = a.stage_mode, a.recompute

@@ -6,6 +6,7 @@ import keras
 
 from keras_identity import storage
 from keras_identity.layers.preprocessing import find_preprocessing
+from keras_identity.models import pretrained
 from keras_identity.models.stage import transfer_weights
 
 CLASSIFIER_LAYERS = ("predictions", "classifier_conv")
@@ -14,13 +15,15 @@ _SUFFIXES = (".keras", ".weights.h5")
 
 def check_weights_path(weights):
     """Refuses a ``weights`` that is not an existing ``.keras`` or
-    ``.weights.h5`` file, local or in a bucket (before anything is built)."""
-    if weights is None:
+    ``.weights.h5`` file, local or in a bucket, or a preset's name (checked
+    against the builder's arguments by :func:`pretrained.weights_file`), before
+    anything is built."""
+    if weights is None or pretrained.is_preset_name(weights):
         return
     if not isinstance(weights, (str, os.PathLike)) or not str(weights).endswith(_SUFFIXES):
-        raise ValueError(f"weights={weights!r} is not valid; expected None or the path of a "
-                         f".keras or .weights.h5 file (no pretrained weights are "
-                         f"downloaded).")
+        raise ValueError(f"weights={weights!r} is not valid; expected None, a preset's name "
+                         f"(ki.models.presets()) or the path of a .keras or .weights.h5 "
+                         f"file.")
     try:
         found = (storage.isfile(str(weights)) if storage.is_remote(str(weights))
                  else os.path.isfile(weights))

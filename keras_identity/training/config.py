@@ -244,7 +244,7 @@ class TrainConfig:
         """The builder's arguments this configuration sets (defaults left out)."""
         builder, arguments = registry.resolve(self.model, self.depth, self.dataset,
                                               **self.model_kwargs)
-        return _without_defaults(builder, arguments)
+        return registry.non_default_arguments(builder, arguments)
 
     def identity_arguments(self):
         """:meth:`builder_arguments` as a run's identity records them: a
@@ -254,7 +254,7 @@ class TrainConfig:
         earlier default never resumes on the other architecture."""
         builder, given = registry.resolve(self.model, self.depth, self.dataset,
                                           **self.model_kwargs)
-        arguments = _without_defaults(builder, given)
+        arguments = registry.non_default_arguments(builder, given)
         if "stride_on_1x1" not in builder.defaults:
             return arguments
         stride = given.get("stride_on_1x1")
@@ -291,7 +291,3 @@ class TrainConfig:
                 recipe.weight_decay if self.weight_decay is None else self.weight_decay)
 
 
-def _without_defaults(builder, arguments):
-    defaults = builder.defaults
-    return {k: v for k, v in arguments.items()
-            if k not in defaults or v != defaults[k] or k in ("depth", "dataset")}

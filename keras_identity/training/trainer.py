@@ -400,7 +400,10 @@ def _train(run, print_fn, started):
               "test_error": history[-1]["test_error"] if history else None,
               "loss": history[-1]["loss"] if history else None, "history": history,
               "seconds": time.time() - started, "params": params,
-              "jit_compile": bool(model.jit_compile)}
+              "jit_compile": bool(model.jit_compile), "model_name": model.name,
+              "complete": int(model.optimizer.iterations.numpy()) >= plan.total_steps,
+              "chief": chief, "data_source": data.source, "num_train": data.num_train,
+              "num_test": data.num_test, "recipe_description": recipe.description}
     if chief:
         minutes, seconds = divmod(int(result["seconds"]), 60)
         error = result["test_error"]

@@ -1,0 +1,170 @@
+"""A trained model's card: what the network is, how it was trained, how well
+it does and how to make it again.
+
+``keras-identity-train`` writes ``model_card.json`` and ``model_card.md`` into
+the run's ``model_dir`` when the run is complete (also when the same command
+runs again on a complete run).  A card names the builder and its arguments,
+the data (its sha256 as the run's identity records it), the recipe and its
+plan, the test error beside the paper's number (where the papers give one),
+the exact command, the package version and commit, the machine and the
+training time.  :mod:`keras_identity.models.presets` keeps the cards of the
+weights it ships.
+"""
+
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+
+from keras_identity import storage
+from keras_identity.models import registry
+from keras_identity.version import __version__
+
+CARD_FILES = ("model_card.json", "model_card.md")
+
+# Test errors (%) the papers report for a named configuration, with where.
+PAPER_ERRORS = {
+    "resnet20": (8.75, "He et al. 2015, Table 6"),
+    "resnet32": (7.51, "He et al. 2015, Table 6"),
+    "resnet44": (7.17, "He et al. 2015, Table 6"),
+    "resnet56": (6.97, "He et al. 2015, Table 6"),
+    "resnet110": (6.61, "He et al. 2016, Table 3 (6.43 in He et al. 2015)"),
+    "resnet164": (5.93, "He et al. 2016, Table 3"),
+    "resnet1001": (7.61, "He et al. 2016, Table 3"),
+    "preact_resnet110": (6.37, "He et al. 2016, Table 3"),
+    "preact_resnet164": (5.46, "He et al. 2016, Table 3"),
+    "preact_resnet1001": (4.92, "He et al. 2016, Table 3"),
+}
+# What the sources say where they give no test error.
+_NO_ERROR = {
+    "highway_net": "Srivastava et al. 2015 report the fully connected MNIST nets' training "
+                   "loss only (Fig. 1)",
+    "plain_net": "Srivastava et al. 2015 report the fully connected MNIST nets' training "
+                 "loss only (Fig. 1)",
+    "resnet": "the lecture notes give the MNIST ResNet's architecture, not a test error",
+}
+
+
+def file_sha256(path):
+    """The sha256 of the file at ``path`` (local or in a bucket), in hex."""
+    with storage.local_copy(path) as local:
+        digest = hashlib.sha256()
+        with open(local, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def package_commit():
+    """The git commit of the package's checkout (``"+modified"`` when tracked
+    files differ from it), or ``None`` for an installed wheel."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    try:
+        def git(*args):
+            return subprocess.run(["git", "-C", root, *args], capture_output=True,
+                                  text=True, timeout=10, check=True).stdout.strip()
+        commit = git("rev-parse", "HEAD")
+        modified = git("status", "--porcelain", "--untracked-files=no", "--", "keras_identity",
+                       "keras_identity_cli")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+modified" if modified else "")
+
+
+def command_line(argv=None, program="keras-identity-train"):
+    """The command that ran: ``program`` and the flags of ``argv``."""
+    argv = sys.argv if argv is None else argv
+    return " ".join([program, *(shlex.quote(a) for a in argv[1:])])
+
+
+def paper_error(builder, arguments):
+    """``(error in %, source)`` the papers give for this network, else
+    ``(None, what the sources give instead)``."""
+    name = registry.configuration_name(builder, arguments)
+    if name in PAPER_ERRORS:
+        return PAPER_ERRORS[name]
+    return None, _NO_ERROR.get(registry.BUILDERS[builder].name if builder in registry.BUILDERS
+                               else builder, "no test error reported")
+
+
+def make_card(config, result, *, command, machine):
+    """The card of the complete run ``result`` (of
+    :func:`keras_identity.training.train`) of ``config``."""
+    run = storage.read_json(storage.join(config.model_dir, "run.json"))
+    identity = run["identity"]
+    builder = config.family
+    arguments = config.identity_arguments()
+    history = result["history"]
+    last = history[-1]
+    error, source = paper_error(builder, arguments)
+    model_path = result["model_path"]
+    return {
+        "model": result["model_name"],
+        "configuration": registry.configuration_name(builder, arguments),
+        "builder": builder,
+        "arguments": arguments,
+        "parameters": result["params"],
+        "data": {"dataset": config.dataset, "source": result["data_source"],
+                 "sha256": identity["data_dir"], "train_images": result["num_train"],
+                 "test_images": result["num_test"]},
+        "recipe": {"name": identity["recipe"], "description": result["recipe_description"],
+                   "global_batch": identity["batch_size"],
+                   "learning_rate": identity["learning_rate"],
+                   "steps": run["length"]["total_steps"], "epochs": run["length"]["epochs"]},
+        "test_error": last["test_error"], "test_loss": last["test_loss"],
+        "train_loss": last["loss"],
+        "paper_test_error": None if error is None else error / 100, "paper_source": source,
+        "command": command,
+        "package": {"version": __version__, "commit": package_commit()},
+        "backend": run.get("backend"), "precision": identity["precision"],
+        "machine": machine,
+        "training_seconds": round(float(last.get("wall_time", result["seconds"])), 1),
+        "model_file": os.path.basename(model_path), "sha256": file_sha256(model_path),
+    }
+
+
+def render(card):
+    """The card as Markdown."""
+    arguments = ", ".join(f"{k}={v!r}" for k, v in card["arguments"].items())
+    data, recipe = card["data"], card["recipe"]
+    paper = (f"{100 * card['paper_test_error']:.2f}% ({card['paper_source']})"
+             if card["paper_test_error"] is not None else f"none ({card['paper_source']})")
+    minutes = card["training_seconds"] / 60
+    lines = [
+        f"# {card['model']}" + (f" ({card['configuration']})" if card["configuration"]
+                                 not in (None, card["model"]) else ""),
+        "",
+        f"`keras_identity.models.{card['builder']}({arguments})`: "
+        f"{card['parameters']:,} trainable parameters.",
+        "",
+        "| | |", "| --- | --- |",
+        f"| test error | **{100 * card['test_error']:.2f}%** on the {data['test_images']:,} "
+        f"test images (test loss {card['test_loss']:.4f}) |",
+        f"| paper | {paper} |",
+        f"| data | {data['dataset']}: {data['source']} ({data['train_images']:,} train / "
+        f"{data['test_images']:,} test images; {data['sha256']}) |",
+        f"| recipe | {recipe['name']}: {recipe['description']} |",
+        f"| this run | global batch {recipe['global_batch']}, lr {recipe['learning_rate']:g}, "
+        f"{recipe['steps']:,} steps ({recipe['epochs']} epochs), {card['precision']}, "
+        f"Keras backend {card['backend']} |",
+        f"| training time | {minutes:.1f} min |",
+        f"| machine | {card['machine']} |",
+        f"| package | keras_identity {card['package']['version']}"
+        + (f", commit {card['package']['commit']}" if card["package"]["commit"] else "") + " |",
+        f"| weights | `{card['model_file']}`, sha256 `{card['sha256']}` |",
+        "",
+        "Made by:", "", "```", card["command"], "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_card(model_dir, card):
+    """Writes ``card`` as ``model_card.json`` and ``model_card.md`` into
+    ``model_dir``; returns the Markdown file's path."""
+    storage.write_json(storage.join(model_dir, CARD_FILES[0]), card)
+    path = storage.join(model_dir, CARD_FILES[1])
+    storage.write_text(path, render(card))
+    return path
