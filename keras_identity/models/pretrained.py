@@ -26,6 +26,7 @@ import hashlib
 import inspect
 import json
 import os
+import shutil
 
 from keras_identity.data.facts import IMAGE_SHAPES
 from keras_identity.data.facts import NUM_CLASSES
@@ -37,6 +38,7 @@ FREE_ARGUMENTS = frozenset((
     "include_preprocessing", "normalization", "stage_mode", "recompute", "seed",
     "kernel_regularizer", "kernel_initializer", "transform_bias_init", "gate_bias_init",
     "stochastic_depth_rate", "bn_momentum", "num_classes"))
+CACHE_DIR = None  # where fetched files go: keras.utils.get_file's default (~/.keras)
 _SUFFIXES = (".keras", ".h5")
 _VERIFIED = {}
 
@@ -56,7 +58,8 @@ class Preset:
     @property
     def call(self):
         """How the preset is built, e.g. ``highway_net(depth=50, dataset='mnist')``."""
-        arguments = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
+        keys = sorted(self.arguments, key=lambda k: (k != "depth", k != "dataset"))
+        arguments = ", ".join(f"{k}={self.arguments[k]!r}" for k in keys)
         return f"{self.builder}({arguments}, weights={self.weights!r})"
 
     @property
@@ -181,7 +184,7 @@ def _verified(preset, directory):
         # keras.applications' way: fetched once, its hash checked by get_file.
         try:
             path = keras.utils.get_file(preset.file, preset.origin, file_hash=preset.sha256,
-                                        hash_algorithm="sha256",
+                                        hash_algorithm="sha256", cache_dir=CACHE_DIR,
                                         cache_subdir="keras_identity")
         except Exception as error:  # urllib's or get_file's, one line
             raise ValueError(f"weights={preset.weights!r}: {preset.file} could not be "
@@ -205,7 +208,7 @@ def register(run_dir, weights, directory=None):
     """Adds the complete run in ``run_dir`` to the registry in ``directory``
     (default: the package's) as preset ``weights``: its ``model.keras``
     without the optimizer's state, the sha256 of that file and the run's
-    model card.  Replaces a preset of the same name and arguments.  Returns
+    model card (also kept beside the weights as Markdown).  Replaces a preset of the same name and arguments.  Returns
     the :class:`Preset`."""
     from keras_identity.models.saving import load_model
 
@@ -217,10 +220,13 @@ def register(run_dir, weights, directory=None):
     with open(card_path) as f:
         card = json.load(f)
     name = card["configuration"] or card["model"]
-    file = f"{name}_{weights}.keras"
+    stem = name if name.endswith(f"_{weights}") else f"{name}_{weights}"
+    file = f"{stem}.keras"
     os.makedirs(directory, exist_ok=True)
     model = load_model(os.path.join(run_dir, card["model_file"]), compile=False)
     model.save(os.path.join(directory, file))
+    shutil.copyfile(os.path.join(run_dir, "model_card.md"), os.path.join(directory,
+                                                                         f"{stem}.md"))
     preset = Preset(weights=weights, builder=card["builder"], arguments=card["arguments"],
                     file=file, sha256=_sha256(os.path.join(directory, file)), card=card)
     kept = [p for p in presets(directory) if p.file != file]
@@ -233,14 +239,14 @@ def register(run_dir, weights, directory=None):
 def presets_table(directory=None):
     """The presets as a Markdown table: each one's call, test error beside
     the paper's, training and command."""
-    rows = ["| call | parameters | test error | paper | trained | command |",
-            "| --- | ---: | ---: | ---: | --- | --- |"]
+    rows = ["| network | call | parameters | test error | paper | trained | command |",
+            "| --- | --- | ---: | ---: | ---: | --- | --- |"]
     for p in presets(directory):
         card = p.card
         paper = card.get("paper_test_error")
         recipe = card["recipe"]
         rows.append(
-            f"| `{p.call}` | {card['parameters']:,} | {100 * card['test_error']:.2f}% | "
+            f"| {p.configuration or card['model']} | `{p.call}` | {card['parameters']:,} | {100 * card['test_error']:.2f}% | "
             f"{'-' if paper is None else f'{100 * paper:.2f}%'} | {recipe['name']}, "
             f"{recipe['epochs']} epochs, {card['training_seconds'] / 60:.0f} min on "
             f"{card['backend']} | `{card['command']}` |")

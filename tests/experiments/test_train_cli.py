@@ -80,6 +80,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert 2 <= epochs() < 6
+    assert not (tmp_path / "model_card.json").exists()  # a card for complete runs only
     result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -88,6 +89,40 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert [row["epoch"] for row in history] == list(range(1, 7))
     assert history[-1]["step"] == 60
     assert "done: test error" in result.stdout
+    _check_card_and_preset(tmp_path, history, args, result.stdout)
+
+
+def _check_card_and_preset(run_dir, history, args, stdout):
+    """The complete run's model card, and the run made a preset of a registry."""
+    import hashlib
+
+    import keras_identity as ki
+    from keras_identity.models import pretrained
+
+    assert f"model card: {run_dir / 'model_card.md'}" in stdout
+    card = json.loads((run_dir / "model_card.json").read_text())
+    assert card["command"] == "keras-identity-train " + " ".join(args[2:])
+    assert card["builder"] == "highway_net" and card["arguments"] == {"depth": 30,
+                                                                      "dataset": "mnist"}
+    assert card["test_error"] == history[-1]["test_error"]
+    assert card["training_seconds"] == round(history[-1]["wall_time"], 1)
+    assert card["recipe"]["steps"] == 60 and card["data"]["test_images"] == 500
+    assert card["sha256"] == hashlib.sha256((run_dir / "model.keras").read_bytes()).hexdigest()
+    assert "**{:.2f}%**".format(100 * card["test_error"]) in (run_dir / "model_card.md") \
+        .read_text()
+    registry = run_dir / "registry"
+    preset = pretrained.register(str(run_dir), "trial", str(registry))
+    assert preset.call == "highway_net(depth=30, dataset='mnist', weights='trial')"
+    original = pretrained._directory
+    pretrained._directory = lambda: str(registry)
+    try:
+        model = ki.models.highway_net(30, weights="trial")
+    finally:
+        pretrained._directory = original
+    images = np.random.default_rng(0).random((8, 28, 28, 1), dtype=np.float32)
+    trained = ki.models.load_model(str(run_dir / "model.keras"))
+    np.testing.assert_allclose(model.predict(images, verbose=0),
+                               trained.predict(images * 255.0, verbose=0), atol=1e-5)
 
 
 def test_plot_runs(tmp_path):

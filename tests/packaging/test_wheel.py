@@ -118,12 +118,22 @@ def test_wheel_ships_the_programs_and_mnist(wheel):
         parser = configparser.ConfigParser()
         parser.read_string(archive.read(entry_points).decode())
     assert "keras_identity/data/mnist.npz" in names
+    registry = json.loads(archive_registry(wheel))
+    assert registry, "no presets in the wheel"
+    for entry in registry:  # each preset's weights and card
+        for file in (entry["file"], entry["file"].replace(".keras", ".md")):
+            assert f"keras_identity/models/preset_files/{file}" in names
     for module in ("__init__", "_common", "machine", "train", "tune", "export", "serve"):
         assert f"keras_identity_cli/{module}.py" in names
     tops = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0]
             .endswith(".dist-info")}
     assert tops == {"keras_identity", "keras_identity_cli"}
     assert dict(parser["console_scripts"]) == COMMANDS
+
+
+def archive_registry(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read("keras_identity/models/preset_files/presets.json").decode()
 
 
 def _requirement(text):
@@ -175,6 +185,11 @@ def test_installed_wheel_not_the_repository_is_imported(venv, tmp_path):
     assert result.returncode != 0 and "No module named 'experiments'" in result.stderr
     for command in COMMANDS:
         assert os.access(venv / command, os.X_OK), command
+    # A preset loads from the installed wheel, its sha256 checked.
+    result = _run([str(venv / "python"), "-c", "import keras_identity as ki; "
+                   "print(ki.models.highway_net(10, weights='mnist').count_params())"],
+                  cwd=tmp_path, timeout=120)
+    assert result.returncode == 0 and result.stdout.split()[-1] == "85660", _tail(result)
 
 
 def test_console_commands_train_and_export_outside_the_repository(venv, tmp_path):
@@ -185,6 +200,9 @@ def test_console_commands_train_and_export_outside_the_repository(venv, tmp_path
                   timeout=600)
     assert result.returncode == 0, _tail(result)
     assert (tmp_path / "run" / "model.keras").is_file()
+    card = json.loads((tmp_path / "run" / "model_card.json").read_text())
+    assert card["package"]["commit"] is None and card["command"].startswith(
+        "keras-identity-train --epochs=1 ")  # an installed wheel has no checkout
     result = _run([str(venv / "keras-identity-export"),
                    f"--model_path={tmp_path / 'run' / 'model.keras'}",
                    f"--export_dir={tmp_path / 'serving'}"], cwd=tmp_path, timeout=600)

@@ -281,3 +281,20 @@ def test_an_export_dir_that_is_a_file_is_one_line(cifar_export, tmp_path):
         export_saved_model(cifar_export["model"], str(path))
     assert path.read_text() == "x"
 
+
+
+def test_a_preset_exports_and_serves_its_test_digits(tmp_path):
+    """A network built from a preset (``weights="mnist"``) exports and serves
+    the built-in MNIST's test digits as it predicts them."""
+    model = ki.models.highway_net(10, weights="mnist")
+    data = ki.data.load_dataset("mnist")
+    images, labels = data.x_test[:16], data.y_test[:16]
+    prep = {"normalization": Normalization("scale"), "image_shape": [28, 28, 1],
+            "eval_resize": None, "class_names": [str(i) for i in range(10)]}
+    emulator = ServingEmulator(export_saved_model(model, str(tmp_path), prep, warmup=False))
+    out = emulator.run("serving_bytes",
+                       {"image_bytes": np.array([encode_png(i) for i in images], dtype=object)})
+    expected = model.predict(images / 255.0, verbose=0)
+    np.testing.assert_allclose(out["probabilities"], expected, atol=1e-5)
+    served = [int(c[0]) for c in out["class_names"]]
+    assert served == list(np.argmax(expected, -1)) and np.mean(np.equal(served, labels)) >= 0.9

@@ -1,0 +1,136 @@
+"""Presets: ``weights="mnist"`` loads the registry's trained weights, checked
+by sha256, into the networks they fit; they score as their model cards say."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+import keras_identity as ki
+from keras_identity.models import pretrained
+
+SHIPPED = pretrained.presets()
+
+
+def _build(preset, **extra):
+    builder = getattr(ki.models, preset.builder)
+    return builder(**preset.arguments, weights=preset.weights, **extra)
+
+
+@pytest.fixture(scope="module")
+def mnist_test():
+    data = ki.data.load_dataset("mnist")
+    return data.x_test.astype("float32") / 255.0, data.y_test
+
+
+@pytest.fixture
+def registry_copy(tmp_path, monkeypatch):
+    """A copy of the package's registry that a test may damage."""
+    directory = tmp_path / "presets"
+    shutil.copytree(pretrained.PRESET_DIR, directory)
+    monkeypatch.setattr(pretrained, "_directory", lambda: str(directory))
+    return directory
+
+
+def test_the_registry_ships_the_mnist_presets_with_their_cards():
+    calls = {p.configuration: p for p in SHIPPED}
+    assert {"highway10_mnist", "highway50_mnist"} <= set(calls)
+    for preset in SHIPPED:
+        card = preset.card
+        assert os.path.isfile(os.path.join(pretrained.PRESET_DIR, preset.file))
+        assert os.path.isfile(os.path.join(pretrained.PRESET_DIR,
+                                           preset.file.replace(".keras", ".md")))
+        assert card["command"].startswith("keras-identity-train ")
+        assert card["recipe"]["steps"] == 9360 and card["data"]["test_images"] == 10_000
+        assert card["data"]["sha256"] == ("sha256:06af5dfe73b70e3bc1c36439982b18a8d76803db9b5"
+                                          "44f6fdf838a37fbb01b64")  # the built-in MNIST
+    assert calls["highway50_mnist"].card["parameters"] == 289_660
+
+
+@pytest.mark.parametrize("preset", SHIPPED, ids=[p.file for p in SHIPPED])
+def test_every_preset_scores_its_cards_test_error(preset, mnist_test):
+    """On this backend, within 0.1 point of the error its training run measured."""
+    x, y = mnist_test
+    model = _build(preset)
+    error = float(np.mean(np.argmax(model.predict(x, batch_size=1000, verbose=0), -1) != y))
+    assert abs(error - preset.test_error) <= 0.001, (error, preset.test_error)
+
+
+def test_a_preset_loads_as_a_backbone_and_with_its_preprocessing(mnist_test):
+    x, _ = mnist_test
+    full = ki.models.highway_net(10, weights="mnist")
+    backbone = ki.models.highway_net(10, weights="mnist", include_top=False)
+    features = keras.Model(full.input, full.get_layer("predictions").input)
+    np.testing.assert_allclose(backbone.predict(x[:64], verbose=0),
+                               features.predict(x[:64], verbose=0), rtol=1e-5, atol=1e-6)
+    pixels = ki.models.highway_net(10, weights="mnist", include_preprocessing=True,
+                                   transform_bias_init=-3.0)  # an initialiser: free
+    np.testing.assert_allclose(pixels.predict(x[:64] * 255.0, verbose=0),
+                               full.predict(x[:64], verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_preset_that_does_not_fit_the_arguments_is_one_line_listing_the_presets():
+    for call in (lambda: ki.models.highway_net(20, weights="mnist"),
+                 lambda: ki.models.highway_net(10, activation="tanh", weights="mnist"),
+                 lambda: ki.models.plain_net(10, weights="mnist"),
+                 lambda: ki.models.highway_net(10, num_classes=5, weights="mnist")):
+        with pytest.raises(ValueError) as error:
+            call()
+        message = str(error.value)
+        assert "\n" not in message and message.startswith("weights='mnist': no preset fits")
+        assert "highway_net(depth=50, dataset='mnist', weights='mnist')" in message
+
+
+def test_an_unknown_preset_is_one_line_listing_the_presets():
+    with pytest.raises(ValueError, match=r"^weights='imagenet' is not valid; expected None, "
+                                         r"the path .* or a preset \(ki.models.presets\(\): "
+                                         r"highway_net\(depth=10"):
+        ki.models.highway_net(10, weights="imagenet")
+
+
+def test_a_file_whose_sha256_differs_is_refused(registry_copy):
+    (preset,) = [p for p in pretrained.presets(str(registry_copy))
+                 if p.configuration == "highway10_mnist"]
+    path = registry_copy / preset.file
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"^weights='mnist': .*{preset.file} has sha256 "
+                                         rf"[0-9a-f]{{64}}, the registry's is "
+                                         rf"{preset.sha256} \(a damaged or replaced file"):
+        ki.models.highway_net(10, weights="mnist")
+
+
+def test_a_preset_with_an_origin_is_fetched_once_with_its_hash_checked(registry_copy,
+                                                                       tmp_path, monkeypatch):
+    """keras.applications' way for files too large for the wheel."""
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(pretrained, "CACHE_DIR", str(tmp_path / "cache"))
+    entries = json.loads((registry_copy / "presets.json").read_text())
+    (entry,) = [e for e in entries if e["file"] == "highway10_mnist.keras"]
+    hosted = tmp_path / "hosted" / entry["file"]
+    hosted.parent.mkdir()
+    shutil.move(registry_copy / entry["file"], hosted)
+    entry["origin"] = hosted.as_uri()
+    (registry_copy / "presets.json").write_text(json.dumps(entries))
+    model = ki.models.highway_net(10, weights="mnist")
+    assert (tmp_path / "cache" / "keras_identity" / entry["file"]).is_file()
+    reference = ki.models.highway_net(10, weights=str(hosted))
+    np.testing.assert_array_equal(model.get_weights()[3], reference.get_weights()[3])
+    entry["sha256"] = "0" * 64
+    (registry_copy / "presets.json").write_text(json.dumps(entries))
+    (tmp_path / "cache" / "keras_identity" / entry["file"]).unlink()
+    with pytest.raises(ValueError, match=r"^weights='mnist': highway10_mnist.keras could not "
+                                         r"be fetched from file://"):
+        ki.models.highway_net(10, weights="mnist")
+
+
+def test_presets_table_lists_every_preset_with_its_error_and_command():
+    table = ki.models.presets_table()
+    assert len(table.splitlines()) == 2 + len(SHIPPED)
+    for preset in SHIPPED:
+        assert f"| {100 * preset.test_error:.2f}% |" in table
+        assert preset.card["command"] in table
