@@ -217,7 +217,8 @@ CLAIMS = (
           "Transform-gate biases fall during training, gates are selective per example, and "
           "lesioning layers shows which ones the net relies on.",
           "no number (figures)", "highway_gates_mnist.md", ("experiments.highway_gates",),
-          "the highway-50 of the default first run (20 epochs)",
+          "the highway-50 preset (weights='mnist': the default first run, trained to the "
+          "end, 20 epochs)",
           ("experiments.highway_gates",), "minutes (runs here)"),
     Claim("highway_table1", "Srivastava et al. 2015, Table 1",
           "10-layer convolutional highway nets reach 99.43% (width 16) and 99.55% (width "

@@ -1,9 +1,11 @@
 r"""Gate routing and lesions of a trained highway network (Srivastava et al. 2015, Figs. 2-4).
 
+    python -m experiments.highway_gates                 # the highway-50 preset
     python -m experiments.highway_gates --model_path=runs/highway_net50_mnist/model.keras
 
-Uses the model of ``keras-identity-train`` on its defaults (highway-50 on MNIST), training
-it first if it does not exist.  Writes docs/results/highway_gates_mnist.md:
+Studies the highway-50 trained to the end on MNIST: the preset ``--weights`` (made by
+``keras-identity-train`` on its defaults; ``ki.models.presets()``), or the ``.keras`` file
+of a run of yours (``--model_path``).  Writes docs/results/highway_gates_mnist.md:
 the transform-gate biases, the mean gate activity, one example's gates and
 block outputs (Fig. 2), the class-specific deviations for digits 0 and 7
 (Fig. 3), and the training-set error with each layer lesioned (Fig. 4).
@@ -18,8 +20,10 @@ from experiments import _cli
 from experiments import _report
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_path", "runs/highway_net50_mnist/model.keras",
-                    "A trained highway net (trained with the default recipe if missing).")
+flags.DEFINE_string("weights", "mnist", "The preset of highway_net(depth=50) studied when "
+                    "no --model_path is given.")
+flags.DEFINE_string("model_path", None, "A trained highway net's .keras file (its run's "
+                    "preprocessing.json beside it) instead of the preset.")
 flags.DEFINE_integer("examples", 10_000, "Training images for the gate statistics.")
 flags.DEFINE_string("run_dir", "runs/highway_gates", "Directory for the figures.")
 
@@ -31,21 +35,27 @@ def main(argv):
 
     import keras_identity as ki
 
-    if not os.path.exists(FLAGS.model_path):
-        print(f"{FLAGS.model_path} does not exist: training highway-50 on MNIST first")
-        from keras_identity.training import TrainConfig
-        from keras_identity.training import train
-
-        train(TrainConfig(model_dir=os.path.dirname(FLAGS.model_path), verbose=2))
-    try:
-        model = ki.models.load_model(FLAGS.model_path)
-    except ValueError as error:
-        _cli.fail(error, 2)
-    prep = ki.data.load_preprocessing(os.path.join(os.path.dirname(FLAGS.model_path),
-                                                   "preprocessing.json"))
     data = ki.data.load_dataset("mnist")
-    x = np.asarray(ki.layers.model_inputs(model, data.x_train.astype(np.float32),
-                                          prep["normalization"]))
+    try:
+        if FLAGS.model_path is None:
+            model = ki.models.highway_net(50, weights=FLAGS.weights)
+            (card,) = [p.card for p in ki.models.presets() if p.weights == FLAGS.weights
+                       and p.configuration == "highway50_mnist"]
+            studied = (f"the preset `highway_net(depth=50, weights={FLAGS.weights!r})`, "
+                       f"trained to the end ({card['recipe']['epochs']} epochs of the "
+                       f"`{card['recipe']['name']}` recipe, test error "
+                       f"{100 * card['test_error']:.2f}%; its card: "
+                       f"keras_identity/models/preset_files/highway50_mnist.md)")
+            x = data.x_train.astype(np.float32) / 255.0  # its recipe's normalisation
+        else:
+            model = ki.models.load_model(FLAGS.model_path)
+            studied = f"`{FLAGS.model_path}`"
+            prep = ki.data.load_preprocessing(os.path.join(os.path.dirname(FLAGS.model_path),
+                                                           "preprocessing.json"))
+            x = np.asarray(ki.layers.model_inputs(model, data.x_train.astype(np.float32),
+                                                  prep["normalization"]))
+    except (ValueError, OSError) as error:
+        _cli.fail(error, 2)
     y = data.y_train
     stats = ki.analysis.gate_statistics(model, x[:FLAGS.examples], y[:FLAGS.examples])
     lesions = ki.analysis.lesion_study(model, x, y)
@@ -100,7 +110,7 @@ Findings:
                f"{100 * lesions['baseline']:.2f}% unlesioned")
     text = _report.header(f"Highway gates and lesions: {model.name} on MNIST", summary=summary)
     text += f"""
-The model: `{FLAGS.model_path}` ({layers} highway layers of {stats.mean.shape[1]} blocks after a
+The model: {studied} ({layers} highway layers of {stats.mean.shape[1]} blocks after a
 plain first layer). Gate statistics on {FLAGS.examples:,} training images; lesions on all
 {len(y):,} (`keras_identity.analysis.gate_statistics`, `lesion_study`: a lesioned layer's
 transform gates are forced to 0, so it copies its input).

@@ -1,13 +1,15 @@
 r"""Residual networks as ensembles of paths (Veit et al. 2016, in the lecture notes).
 
     python -m experiments.veit_deletion --data_dir=../shared/data      # CPU scale
+    python -m experiments.veit_deletion --weights=mnist --test_examples=2000 --draws=3
 
 Trains the lecture notes' MNIST ResNet (``resnet52_mnist``: a 1x1 ``conv0``,
 25 basic units of 16 channels, 117,802 parameters) and its plain twin (the
 same net with the shortcuts removed: ``--shortcut=constant_scaling
 --shortcut_scale=0``), each a resumable ``keras-identity-train`` run with the
-same seed and data order, then deletes units of each
-(:func:`keras_identity.analysis.deletion_study`): every unit on its own, and
+same seed and data order (or, with ``--weights``, builds each net that has
+a preset of that name, trained to the end, from it), then deletes units of
+each (:func:`keras_identity.analysis.deletion_study`): every unit on its own, and
 ``k`` units drawn at random for every ``k``.  The report states Veit et al.'s
 claims (deleting one unit of a residual network barely changes its error; the
 error grows smoothly with the units deleted; a plain network fails when one
@@ -41,17 +43,42 @@ flags.DEFINE_integer("test_examples", 500, "Test images of the deletion study (a
 flags.DEFINE_integer("draws", 2, "Random draws of k deleted units, for every k.")
 flags.DEFINE_integer("seed", 0, "Seed of both runs (initialisation, data order) and of the "
                      "draws.")
+flags.DEFINE_string("weights", None, "A preset's name (e.g. mnist, ki.models.presets()): "
+                    "the nets that have one are built from it, trained to the end, instead "
+                    "of trained here.")
 flags.DEFINE_string("run_dir", "runs/veit_deletion", "Directory of the runs.")
 flags.DEFINE_string("report_dir", None, "Where the report goes (default: docs/results/).")
 flags.DEFINE_string("report", "veit_deletion_mnist.md", "Report name.")
 
-# (key, label, keras-identity-train flags)
+# (key, label, keras-identity-train flags); the flags' --model is the net's
+# named configuration (its preset's).
 NETS = (
     ("residual", "ResNet (identity shortcuts)", ["--model=resnet52_mnist"]),
-    ("plain", "plain twin (no shortcuts)", ["--model=resnet52_mnist",
-                                            "--shortcut=constant_scaling",
-                                            "--shortcut_scale=0"]),
+    ("plain", "plain twin (no shortcuts)", ["--model=resnet52_mnist_plain"]),
 )
+
+
+def preset(key):
+    """The preset ``--weights`` of net ``key``, or ``None`` (then it is trained here)."""
+    from keras_identity.models import pretrained
+
+    name = dict((k, argv[0].split("=", 1)[1]) for k, _, argv in NETS)[key]
+    found = [p for p in pretrained.presets()
+             if p.weights == FLAGS.weights and p.configuration == name]
+    return found[0] if found else None
+
+
+def trained_as(key):
+    """How net ``key`` was trained, for the report."""
+    p = preset(key)
+    if p is None:
+        return (f"{FLAGS.train_steps} iterations at batch 128 "
+                f"({FLAGS.train_steps * 128 / 60000:.2f} epochs of the `highway_mnist` recipe: "
+                f"SGD, lr 0.1, momentum 0.9), seed {FLAGS.seed}")
+    card = p.card
+    return (f"the preset `{p.call}`, trained to the end ({card['recipe']['epochs']} epochs, "
+            f"{card['recipe']['steps']:,} iterations of the `{card['recipe']['name']}` recipe; "
+            f"its card: keras_identity/models/preset_files/{p.file[:-6]}.md)")
 
 
 def run_dir(key):
@@ -72,7 +99,8 @@ def study(key, x_test, y_test):
 
     model_path = os.path.join(run_dir(key), "model.keras")
     cache = os.path.join(run_dir(key), "deletions.json")
-    measured_on = {"model_mtime": os.path.getmtime(model_path),
+    p = preset(key)
+    measured_on = {"model": p.sha256 if p else os.path.getmtime(model_path),
                    "test_examples": FLAGS.test_examples, "draws": FLAGS.draws,
                    "seed": FLAGS.seed}
     if os.path.exists(cache):
@@ -80,12 +108,22 @@ def study(key, x_test, y_test):
             saved = json.load(f)
         if saved.get("measured_on") == measured_on:
             return saved["study"]
-    model = ki.models.load_model(model_path)
-    inputs = ki.layers.model_inputs(model, x_test)
+    if p is None:
+        model = ki.models.load_model(model_path)
+        inputs = ki.layers.model_inputs(model, x_test)
+    else:  # a preset takes inputs scaled to [0, 1] (its recipe's normalisation)
+        model = ki.models.get_model(p.configuration, weights=p.weights)
+        inputs = x_test / 255.0
     result = ki.analysis.deletion_study(model, inputs, y_test, draws=FLAGS.draws,
                                         seed=FLAGS.seed)
+    os.makedirs(run_dir(key), exist_ok=True)
     write_json(cache, {"measured_on": measured_on, "study": result})
     return result
+
+
+def parameters(key):
+    p = preset(key)
+    return f"{p.card['parameters']:,}" if p else _runs.parameters(run_dir(key))
 
 
 def halves(study):
@@ -106,7 +144,11 @@ def write_report(results):
     verdict_text = deletion_verdict(results)
     res = results["residual"]
     n_units = len(res["units"])
-    summary = (f"{n_units} units, {FLAGS.train_steps} iterations, {FLAGS.test_examples} test "
+    length = {key: "trained to the end" if preset(key) else f"{FLAGS.train_steps} iterations"
+              for key, *_ in NETS}
+    scale = (length["residual"] if length["residual"] == length["plain"] else
+             f"residual {length['residual']}, plain {length['plain']}")
+    summary = (f"{n_units} units, {scale}, {FLAGS.test_examples} test "
                f"images: one unit deleted, test error {100 * res['baseline']:.2f}% -> "
                f"{100 * mean_single_deletion(res):.2f}% (residual) and "
                f"{100 * results['plain']['baseline']:.2f}% -> "
@@ -120,15 +162,13 @@ def write_report(results):
         "ResNet barely changes its test error, the error grows smoothly with the number of "
         "units deleted, and deleting a layer of a plain network is fatal.\n\n"
         f"**Ours**: the notes' MNIST ResNet (`resnet52_mnist`: conv0 1x1, {n_units} basic "
-        f"units of 16 channels, {_runs.parameters(run_dir('residual'))} parameters) and its "
-        f"plain twin ({_runs.parameters(run_dir('plain'))} parameters), "
-        f"{FLAGS.train_steps} iterations at batch 128 each "
-        f"({FLAGS.train_steps * 128 / 60000:.2f} epochs of the `highway_mnist` recipe: SGD, "
-        f"lr 0.1, momentum 0.9), seed {FLAGS.seed} for both (the same data order). Deletions "
+        f"units of 16 channels, {parameters('residual')} parameters): "
+        f"{trained_as('residual')}; its plain twin ({parameters('plain')} parameters): "
+        f"{trained_as('plain')}. Deletions "
         f"on the first {FLAGS.test_examples} test images: a deleted residual unit outputs its "
         f"input (F = 0), a deleted plain unit passes its input on; {FLAGS.draws} random draws "
         f"of k units for every k. Veit et al. trained ResNet-110 and ImageNet ResNets to the "
-        f"end; this is MNIST for {FLAGS.train_steps * 128 / 60000:.1f} epochs.\n\n"
+        f"end; this is MNIST ({scale}).\n\n"
         f"**Verdict**: {verdict_text}. At this scale \"barely\" is at most "
         f"{100 * BARELY:g} points on average and \"fatal\" at least {100 * COLLAPSE:g}.\n\n"
         "| net | test error | one unit deleted: mean | worst | largest rise of the mean "
@@ -160,6 +200,12 @@ def write_report(results):
     text += "\n" + _report.copy_figure(figure, f"{stem}.png", directory) + "\n"
     text += "\n## The runs\n\n| net | iterations | images/s | command |\n| --- | --- | --- | --- |\n"
     for key, label, argv in NETS:
+        p = preset(key)
+        if p is not None:
+            text += (f"| {label} | {p.card['recipe']['steps']} (preset) | "
+                     f"{p.card['recipe']['steps'] * 128 / p.card['training_seconds']:.1f} | "
+                     f"`{p.card['command']}` |\n")
+            continue
         text += (f"| {label} | {_runs.reached(run_dir(key))} | "
                  f"{_runs.median_speed(run_dir(key)):.1f} | "
                  f"`{_runs.shown(run_dir(key), train_argv(argv))}` |\n")
@@ -175,8 +221,12 @@ def main(argv):
     if FLAGS.train_steps % FLAGS.interval:
         _cli.fail(f"--train_steps={FLAGS.train_steps} is not valid; expected a multiple of "
                   f"--interval={FLAGS.interval}", 2)
+    if FLAGS.weights is not None and not any(preset(key) for key, *_ in NETS):
+        _cli.fail(f"--weights={FLAGS.weights} is not valid: neither net has a preset of that "
+                  f"name (ki.models.presets())", 2)
     for key, label, net_argv in NETS:
-        _runs.train(run_dir(key), train_argv(net_argv), label, FLAGS.train_steps)
+        if preset(key) is None:
+            _runs.train(run_dir(key), train_argv(net_argv), label, FLAGS.train_steps)
     import numpy as np
 
     import keras_identity as ki

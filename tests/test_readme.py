@@ -173,3 +173,12 @@ print("README blocks ran")
 @pytest.mark.parametrize("command", sorted({c for c in _commands() if _why_not_run(c)}))
 def test_commands_not_run_have_a_reason(command):
     assert len(_why_not_run(command)) > 20
+
+
+def test_readme_lists_every_preset_as_the_registry_does():
+    """The README's table of trained networks is ki.models.presets_table()'s."""
+    import keras_identity as ki
+
+    text = open(README).read()
+    for line in ki.models.presets_table().splitlines():
+        assert line in text, f"the README lacks the presets' row: {line}"

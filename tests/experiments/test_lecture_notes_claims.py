@@ -98,6 +98,9 @@ def test_looks_linear_verdict():
                                          "even depths"),
     ("looks_linear", ["--learning_rate=0"], "--learning_rate=0 is not valid; expected > 0"),
     ("veit_deletion", ["--draws=0"], "--draws=0 is not valid; expected >= 1"),
+    ("veit_deletion", ["--weights=nosuch"], "--weights=nosuch is not valid: neither net has "
+                                            "a preset of that name"),
+    ("highway_gates", ["--weights=nosuch"], "weights='nosuch' is not valid; expected None"),
     ("veit_deletion", ["--train_steps=50"], "--train_steps=50 is not valid; expected a "
                                             "multiple of --interval=40"),
 ])
