@@ -35,17 +35,24 @@ def main(argv):
 
     import keras_identity as ki
 
+    if FLAGS.model_path is not None and FLAGS["weights"].present:
+        _cli.fail("--weights applies without --model_path (the preset is studied when no "
+                  "model file is given)", 2)
     data = ki.data.load_dataset("mnist")
     try:
         if FLAGS.model_path is None:
+            found = [p for p in ki.models.presets() if p.weights == FLAGS.weights
+                     and p.configuration == "highway50_mnist"]
+            if not found:
+                raise ValueError(f"--weights={FLAGS.weights} is not valid; expected a preset "
+                                 f"of highway50_mnist (ki.models.presets())")
             model = ki.models.highway_net(50, weights=FLAGS.weights)
-            (card,) = [p.card for p in ki.models.presets() if p.weights == FLAGS.weights
-                       and p.configuration == "highway50_mnist"]
+            card = found[0].card
             studied = (f"the preset `highway_net(depth=50, weights={FLAGS.weights!r})`, "
                        f"trained to the end ({card['recipe']['epochs']} epochs of the "
                        f"`{card['recipe']['name']}` recipe, test error "
                        f"{100 * card['test_error']:.2f}%; its card: "
-                       f"keras_identity/models/preset_files/highway50_mnist.md)")
+                       f"keras_identity/models/preset_files/{found[0].file[:-6]}.md)")
             x = data.x_train.astype(np.float32) / 255.0  # its recipe's normalisation
         else:
             model = ki.models.load_model(FLAGS.model_path)

@@ -203,7 +203,7 @@ def write_report(results):
         p = preset(key)
         if p is not None:
             text += (f"| {label} | {p.card['recipe']['steps']} (preset) | "
-                     f"{p.card['recipe']['steps'] * 128 / p.card['training_seconds']:.1f} | "
+                     f"{p.card['recipe']['steps'] * p.card['recipe']['global_batch'] / p.card['training_seconds']:.1f} | "
                      f"`{p.card['command']}` |\n")
             continue
         text += (f"| {label} | {_runs.reached(run_dir(key))} | "

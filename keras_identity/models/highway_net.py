@@ -130,6 +130,33 @@ def _plain_layers(activation, kernel_initializer, kernel_regularizer):
     return dense, conv
 
 
+def default_width(highway, dataset, architecture, activation):
+    """The width a net gets with ``width=None``: 50 blocks or 71 units per fully connected
+    layer, 16 (MNIST) or (32, 64, 128) (CIFAR) highway maps, sqrt(2) times more plain ones;
+    CReLU narrows a plain net by 1/sqrt(2) (it doubles a layer's outputs)."""
+    narrow = 1.0 / math.sqrt(2.0) if activation == "crelu" else 1.0
+    if architecture == "fully_connected":
+        return HIGHWAY_WIDTH if highway else round(narrow * PLAIN_WIDTH)
+    if dataset == "mnist":
+        return MNIST_CONV_WIDTH if highway else round(
+            narrow * math.sqrt(2.0) * MNIST_CONV_WIDTH)
+    return CONV_WIDTHS if highway else tuple(round(narrow * math.sqrt(2.0) * w)
+                                             for w in CONV_WIDTHS)
+
+
+def _layout(arguments, highway):
+    """The architecture and width ``arguments`` build (defaults resolved): what a
+    preset's arguments are compared by."""
+    architecture = arguments["architecture"] or (
+        "fully_connected" if arguments["dataset"] == "mnist" else "convolutional")
+    width = arguments["width"]
+    if width is None:
+        width = default_width(highway, arguments["dataset"], architecture,
+                              arguments["activation"])
+    return {"architecture": architecture,
+            "width": list(width) if isinstance(width, (list, tuple)) else width}
+
+
 def _common(depth, dataset, architecture, activation, num_classes, input_shape, minimum,
             activations=ACTIVATIONS):
     _checks.check_choice("dataset", dataset, DATASETS)
@@ -157,11 +184,11 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
     function = highway_net if highway else plain_net
     defaults = pretrained.defaults_of(function)
     weights = pretrained.weights_file(function.__name__, weights,
-                                   {k: v for k, v in given.items() if k in defaults}, defaults)
+                                   {k: v for k, v in given.items() if k in defaults}, defaults,
+                                   resolve=lambda arguments: _layout(arguments, highway))
     dense_layer, conv_layer = _plain_layers(activation, kernel_initializer, kernel_regularizer)
-    # CReLU doubles a layer's outputs: 1/sqrt(2) of the width keeps about the
-    # parameters of the ReLU net (Balduzzi et al. 2017, Sec. 5.1).
-    narrow = 1.0 / math.sqrt(2.0) if activation == "crelu" else 1.0
+    if width is None:
+        width = default_width(highway, dataset, architecture, activation)
     normalization = resolve_normalization(include_preprocessing, normalization,
                                           dataset=dataset,
                                           builder="highway_net" if highway else "plain_net",
@@ -181,8 +208,6 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
     x = input_normalization(inputs, normalization)
 
     if architecture == "fully_connected":
-        if width is None:
-            width = HIGHWAY_WIDTH if highway else round(narrow * PLAIN_WIDTH)
         _checks.check_positive_int("width", width)
         x = keras.layers.Flatten(name="flatten")(x)
         x = dense_layer(x, width, "plain1")
@@ -193,9 +218,6 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
                 x = dense_layer(x, width, f"plain{index}")
         outputs = dense_layer(x, num_classes, "predictions", final=True) if include_top else x
     elif dataset == "mnist":
-        if width is None:
-            width = MNIST_CONV_WIDTH if highway else round(
-                narrow * math.sqrt(2.0) * MNIST_CONV_WIDTH)
         _checks.check_positive_int("width", width)
         x = conv_layer(x, width, 3, "stem_conv")
         x = _conv_stages(x, (width,) * 3, _stage_sizes(depth - 2), highway=highway,
@@ -206,9 +228,6 @@ def _net(depth, *, highway, dataset, architecture, width, activation, transform_
         else:
             outputs = pooled_features(x, pooling)
     else:
-        if width is None:
-            width = CONV_WIDTHS if highway else tuple(
-                round(narrow * math.sqrt(2.0) * w) for w in CONV_WIDTHS)
         width = tuple(width) if isinstance(width, (list, tuple)) else (width,) * 3
         if len(width) != 3:
             raise ValueError(f"width={width!r} is not valid; expected one int or three "

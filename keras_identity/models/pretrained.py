@@ -15,10 +15,12 @@ which checks its sha256, as keras.applications fetches its weights.  Either
 way a file whose sha256 is not the registry's is refused.
 
 Arguments that do not change what the weights compute are free: the top
-(``include_top``, ``pooling``, ``classifier_activation``), the input's
-preprocessing, how stages are realised (``stage_mode``, ``recompute``),
-initialisers, seeds and training-only settings (regularizers, stochastic
-depth, BN momentum).  Every other argument must be the preset's.
+(``include_top``, ``pooling``, ``classifier_activation``; without the top any
+input size of the preset's channels), ``include_preprocessing``, how stages
+are realised (``stage_mode``, ``recompute``), initialisers, seeds and
+training-only settings (regularizers, stochastic depth, BN momentum).  Every
+other argument must build what the preset's build (defaults resolved by the
+builder: ``block=None`` is the depth's block, and so on).
 """
 
 import dataclasses
@@ -35,7 +37,7 @@ PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preset_fi
 REGISTRY_FILE = "presets.json"
 FREE_ARGUMENTS = frozenset((
     "weights", "name", "include_top", "pooling", "classifier_activation",
-    "include_preprocessing", "normalization", "stage_mode", "recompute", "seed",
+    "include_preprocessing", "stage_mode", "recompute", "seed",
     "kernel_regularizer", "kernel_initializer", "transform_bias_init", "gate_bias_init",
     "stochastic_depth_rate", "bn_momentum", "num_classes"))
 CACHE_DIR = None  # where fetched files go: keras.utils.get_file's default (~/.keras)
@@ -112,25 +114,30 @@ def _normalized(key, value, dataset):
     return list(value) if isinstance(value, tuple) else value
 
 
-def fits(preset, builder, given, defaults):
+def fits(preset, builder, given, defaults, resolve=None):
     """Whether ``preset`` fits the call ``builder(**given)`` (``defaults``: the
-    builder's)."""
+    builder's; ``resolve``: the builder's resolution of its defaults, a dict
+    of the values ``arguments`` build, compared instead of the given ones)."""
     name, arguments = preset.as_resnet()
     if name != builder:
         return False
-    dataset = given.get("dataset", defaults.get("dataset"))
-    if arguments.get("dataset", defaults.get("dataset")) != dataset:
+    mine, theirs = {**defaults, **given}, {**defaults, **arguments}
+    if mine["dataset"] != theirs["dataset"]:
         return False
-    for key in (set(given) | set(arguments)) - FREE_ARGUMENTS:
+    if resolve is not None:
+        mine.update(resolve(mine))
+        theirs.update(resolve(theirs))
+    top = mine.get("include_top", True)
+    keys = (set(mine) | set(theirs)) - FREE_ARGUMENTS
+    for key in keys | {"num_classes"} if top else keys:
         if key not in defaults:
             continue
-        mine = _normalized(key, given.get(key, defaults[key]), dataset)
-        theirs = _normalized(key, arguments.get(key, defaults[key]), dataset)
-        if mine != theirs:
+        a = _normalized(key, mine.get(key), mine["dataset"])
+        b = _normalized(key, theirs.get(key), mine["dataset"])
+        if key == "input_shape" and not top:  # a backbone takes other sizes
+            a, b = a[-1:], b[-1:]
+        if a != b:
             return False
-    num_classes = given.get("num_classes")
-    if given.get("include_top", True) and num_classes not in (None, NUM_CLASSES.get(dataset)):
-        return False
     return True
 
 
@@ -141,9 +148,9 @@ def _listing(directory=None):
     return "; ".join(p.call for p in found)
 
 
-def weights_file(builder, weights, given, defaults, directory=None):
-    """The local, verified file of preset ``weights`` for ``builder(**given)``;
-    any other ``weights`` is returned as it is.
+def weights_file(builder, weights, given, defaults, directory=None, resolve=None):
+    """The local, verified file of preset ``weights`` for ``builder(**given)``
+    (``resolve``: see :func:`fits`); any other ``weights`` is returned as it is.
 
     Raises:
         ValueError: one line: no preset of that name fits the arguments (the
@@ -158,17 +165,20 @@ def weights_file(builder, weights, given, defaults, directory=None):
         raise ValueError(f"weights={weights!r} is not valid; expected None, the path of a "
                          f".keras or .weights.h5 file, or a preset (ki.models.presets(): "
                          f"{_listing(directory)}).")
-    match = [p for p in named if fits(p, builder, given, defaults)]
+    match = [p for p in named if fits(p, builder, given, defaults, resolve)]
     if not match:
+        if given.get("unit") == "full_preactivation":
+            builder, given = "preact_resnet", {k: v for k, v in given.items() if k != "unit"}
         shown = ", ".join(f"{k}={v!r}" for k, v in given.items()
-                          if k not in FREE_ARGUMENTS and k in defaults
+                          if (k not in FREE_ARGUMENTS or k == "num_classes") and k in defaults
                           and v != defaults[k] or k in ("depth", "dataset"))
         raise ValueError(f"weights={weights!r}: no preset fits {builder}({shown}); the "
                          f"presets: {_listing(directory)}.")
     return _verified(match[0], directory)
 
 
-def _sha256(path):
+def file_sha256(path):
+    """The sha256 of the local file ``path``, in hex."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -195,7 +205,7 @@ def _verified(preset, directory):
                          f"installation: reinstall keras_identity).")
     stamp = (path, os.path.getmtime(path), os.path.getsize(path))
     if _VERIFIED.get(stamp) != preset.sha256:
-        found = _sha256(path)
+        found = file_sha256(path)
         if found != preset.sha256:
             raise ValueError(f"weights={preset.weights!r}: {path} has sha256 {found}, the "
                              f"registry's is {preset.sha256} (a damaged or replaced file: "
@@ -208,18 +218,24 @@ def register(run_dir, weights, directory=None):
     """Adds the complete run in ``run_dir`` to the registry in ``directory``
     (default: the package's) as preset ``weights``: its ``model.keras``
     without the optimizer's state, the sha256 of that file and the run's
-    model card (also kept beside the weights as Markdown).  Replaces a preset of the same name and arguments.  Returns
+    model card (also kept beside the weights as Markdown).  Replaces a preset
+    of the same name and arguments.  Returns
     the :class:`Preset`."""
     from keras_identity.models.saving import load_model
 
+    if not is_preset_name(weights):
+        raise ValueError(f"weights={weights!r} is not valid; expected a name (no path, no "
+                         f"file suffix), e.g. 'mnist'.")
     directory = directory or _directory()
-    card_path = os.path.join(run_dir, "model_card.json")
-    if not os.path.exists(card_path):
-        raise ValueError(f"run_dir={run_dir!r} has no model_card.json: run its "
-                         f"keras-identity-train command to the end first.")
-    with open(card_path) as f:
+    for file in ("model_card.json", "model_card.md"):
+        if not os.path.exists(os.path.join(run_dir, file)):
+            raise ValueError(f"run_dir={run_dir!r} has no {file}: run its keras-identity-train "
+                             f"command to the end first.")
+    with open(os.path.join(run_dir, "model_card.json")) as f:
         card = json.load(f)
-    name = card["configuration"] or card["model"]
+    # A network without a named configuration: its model's name and its arguments' digest.
+    name = card["configuration"] or "{}_{}".format(card["model"], hashlib.sha256(
+        json.dumps(card["arguments"], sort_keys=True).encode()).hexdigest()[:8])
     stem = name if name.endswith(f"_{weights}") else f"{name}_{weights}"
     file = f"{stem}.keras"
     os.makedirs(directory, exist_ok=True)
@@ -228,8 +244,9 @@ def register(run_dir, weights, directory=None):
     shutil.copyfile(os.path.join(run_dir, "model_card.md"), os.path.join(directory,
                                                                          f"{stem}.md"))
     preset = Preset(weights=weights, builder=card["builder"], arguments=card["arguments"],
-                    file=file, sha256=_sha256(os.path.join(directory, file)), card=card)
-    kept = [p for p in presets(directory) if p.file != file]
+                    file=file, sha256=file_sha256(os.path.join(directory, file)), card=card)
+    kept = [p for p in presets(directory) if p.file != file and (
+        p.weights, p.builder, p.arguments) != (weights, preset.builder, preset.arguments)]
     with open(os.path.join(directory, REGISTRY_FILE), "w") as f:
         json.dump([dataclasses.asdict(p) for p in kept + [preset]], f, indent=1)
         f.write("\n")

@@ -312,6 +312,15 @@ def _resolve_arguments(depth, *, dataset, unit, shortcut, block, num_classes, in
         stride_on_1x1=bool(stride_on_1x1))
 
 
+def _layout(arguments):
+    """What ``arguments`` of :func:`resnet` build, defaults resolved (block, shortcuts,
+    stride, classes, input): what a preset's arguments are compared by."""
+    a = _resolve_arguments(**_checked(arguments))
+    return {"block": a.block, "dimension_shortcut": a.dimension_shortcut,
+            "stride_on_1x1": a.stride_on_1x1, "num_classes": a.num_classes,
+            "input_shape": list(a.input_shape), "shortcut": a.shortcut, **a.shortcut_args}
+
+
 def check_arguments(builder, *args, **kwargs):
     """Validates the arguments of ``builder`` (:func:`resnet` or
     :func:`preact_resnet`) as building would, without building.
@@ -423,7 +432,8 @@ def resnet(depth=110, *, dataset="cifar10", unit="original", shortcut="identity"
     """
     given = dict(locals())
     a = _resolve_arguments(**_checked(given))  # every argument it checks, by name
-    weights = pretrained.weights_file("resnet", weights, given, pretrained.defaults_of(resnet))
+    weights = pretrained.weights_file("resnet", weights, given, pretrained.defaults_of(resnet),
+                                      resolve=_layout)
     block, units, family, dimension_shortcut = a.block, a.units, a.family, a.dimension_shortcut
     num_classes, input_shape, shortcut_args = a.num_classes, a.input_shape, a.shortcut_args
     stage_mode, recompute = a.stage_mode, a.recompute

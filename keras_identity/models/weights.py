@@ -85,6 +85,11 @@ def load_weights(model, weights):
     Raises:
         ValueError: one line naming the file and the first weight that does not fit.
     """
+    if pretrained.is_preset_name(weights):
+        raise ValueError(f"weights={weights!r}: load_weights takes a .keras or .weights.h5 "
+                         f"file; a preset is given to its builder, e.g. "
+                         f"ki.models.highway_net(50, weights={weights!r}) "
+                         f"(ki.models.presets()).")
     check_weights_path(weights)
     with storage.local_copy(str(weights)) as local:
         return _load_weights(model, str(weights), local)

@@ -4,21 +4,22 @@ it does and how to make it again.
 ``keras-identity-train`` writes ``model_card.json`` and ``model_card.md`` into
 the run's ``model_dir`` when the run is complete (also when the same command
 runs again on a complete run).  A card names the builder and its arguments,
-the data (its sha256 as the run's identity records it), the recipe and its
+the data (its fingerprint as the run's identity records it), the recipe and its
 plan, the test error beside the paper's number (where the papers give one),
 the exact command, the package version and commit, the machine and the
 training time.  :mod:`keras_identity.models.presets` keeps the cards of the
 weights it ships.
 """
 
-import hashlib
 import os
 import shlex
 import subprocess
 import sys
 
 from keras_identity import storage
+from keras_identity.models import pretrained
 from keras_identity.models import registry
+from keras_identity.training.run_files import RUN_FILE
 from keras_identity.version import __version__
 
 CARD_FILES = ("model_card.json", "model_card.md")
@@ -30,30 +31,29 @@ PAPER_ERRORS = {
     "resnet44": (7.17, "He et al. 2015, Table 6"),
     "resnet56": (6.97, "He et al. 2015, Table 6"),
     "resnet110": (6.61, "He et al. 2016, Table 3 (6.43 in He et al. 2015)"),
+    "resnet1202": (7.93, "He et al. 2015, Table 6"),
     "resnet164": (5.93, "He et al. 2016, Table 3"),
     "resnet1001": (7.61, "He et al. 2016, Table 3"),
     "preact_resnet110": (6.37, "He et al. 2016, Table 3"),
     "preact_resnet164": (5.46, "He et al. 2016, Table 3"),
     "preact_resnet1001": (4.92, "He et al. 2016, Table 3"),
+    "preact_resnet164_cifar100": (24.33, "He et al. 2016, Table 3"),
+    "preact_resnet1001_cifar100": (22.71, "He et al. 2016, Table 3"),
 }
-# What the sources say where they give no test error.
+# What the sources say where they give no test error, by builder and dataset.
+_FIG1 = "Srivastava et al. 2015 report the fully connected MNIST nets' training loss only " \
+        "(Fig. 1)"
 _NO_ERROR = {
-    "highway_net": "Srivastava et al. 2015 report the fully connected MNIST nets' training "
-                   "loss only (Fig. 1)",
-    "plain_net": "Srivastava et al. 2015 report the fully connected MNIST nets' training "
-                 "loss only (Fig. 1)",
-    "resnet": "the lecture notes give the MNIST ResNet's architecture, not a test error",
+    ("highway_net", "mnist"): _FIG1, ("plain_net", "mnist"): _FIG1,
+    ("resnet", "mnist"): "the lecture notes give the MNIST ResNet's architecture, not a test "
+                         "error",
 }
 
 
 def file_sha256(path):
     """The sha256 of the file at ``path`` (local or in a bucket), in hex."""
     with storage.local_copy(path) as local:
-        digest = hashlib.sha256()
-        with open(local, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
+        return pretrained.file_sha256(local)
 
 
 def package_commit():
@@ -86,14 +86,14 @@ def paper_error(builder, arguments):
     name = registry.configuration_name(builder, arguments)
     if name in PAPER_ERRORS:
         return PAPER_ERRORS[name]
-    return None, _NO_ERROR.get(registry.BUILDERS[builder].name if builder in registry.BUILDERS
-                               else builder, "no test error reported")
+    return None, _NO_ERROR.get((builder, arguments.get("dataset")),
+                               "the papers report no test error for this network")
 
 
 def make_card(config, result, *, command, machine):
     """The card of the complete run ``result`` (of
     :func:`keras_identity.training.train`) of ``config``."""
-    run = storage.read_json(storage.join(config.model_dir, "run.json"))
+    run = storage.read_json(storage.join(config.model_dir, RUN_FILE))
     identity = run["identity"]
     builder = config.family
     arguments = config.identity_arguments()
@@ -108,7 +108,7 @@ def make_card(config, result, *, command, machine):
         "arguments": arguments,
         "parameters": result["params"],
         "data": {"dataset": config.dataset, "source": result["data_source"],
-                 "sha256": identity["data_dir"], "train_images": result["num_train"],
+                 "fingerprint": identity["data_dir"], "train_images": result["num_train"],
                  "test_images": result["num_test"]},
         "recipe": {"name": identity["recipe"], "description": result["recipe_description"],
                    "global_batch": identity["batch_size"],
@@ -145,7 +145,7 @@ def render(card):
         f"test images (test loss {card['test_loss']:.4f}) |",
         f"| paper | {paper} |",
         f"| data | {data['dataset']}: {data['source']} ({data['train_images']:,} train / "
-        f"{data['test_images']:,} test images; {data['sha256']}) |",
+        f"{data['test_images']:,} test images; {data['fingerprint']}) |",
         f"| recipe | {recipe['name']}: {recipe['description']} |",
         f"| this run | global batch {recipe['global_batch']}, lr {recipe['learning_rate']:g}, "
         f"{recipe['steps']:,} steps ({recipe['epochs']} epochs), {card['precision']}, "

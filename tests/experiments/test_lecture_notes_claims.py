@@ -100,7 +100,7 @@ def test_looks_linear_verdict():
     ("veit_deletion", ["--draws=0"], "--draws=0 is not valid; expected >= 1"),
     ("veit_deletion", ["--weights=nosuch"], "--weights=nosuch is not valid: neither net has "
                                             "a preset of that name"),
-    ("highway_gates", ["--weights=nosuch"], "weights='nosuch' is not valid; expected None"),
+    ("highway_gates", ["--weights=nosuch"], "--weights=nosuch is not valid; expected a preset"),
     ("veit_deletion", ["--train_steps=50"], "--train_steps=50 is not valid; expected a "
                                             "multiple of --interval=40"),
 ])
@@ -170,4 +170,20 @@ def test_veit_deletion_runs_and_reports(tmp_path, fake_data):
     assert result.returncode == 0, result.stderr[-2000:]
     report = (tmp_path / "veit_deletion_mnist.md").read_text()
     assert "25 basic units of 16 channels, 117,802 parameters" in report
+    assert report.count("| stage1_unit") == 25
+
+
+@pytest.mark.slow
+def test_veit_deletion_studies_the_nets_that_have_a_preset(tmp_path, fake_data):
+    """With --weights the ResNet is the preset trained to the end, not trained here."""
+    mnist, _ = fake_data
+    result = run("veit_deletion", f"--data_dir={mnist}", "--weights=mnist", "--train_steps=2",
+                 "--interval=2", "--test_examples=16", "--draws=1",
+                 f"--run_dir={tmp_path / 'runs'}", f"--report_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not (tmp_path / "runs" / "residual" / "model.keras").exists()  # not trained here
+    report = (tmp_path / "veit_deletion_mnist.md").read_text()
+    assert ("the preset `resnet(depth=52, dataset='mnist', weights='mnist')`, trained to the "
+            "end (20 epochs, 9,360 iterations of the `highway_mnist` recipe") in report
+    assert "| ResNet (identity shortcuts) | 9360 (preset) |" in report
     assert report.count("| stage1_unit") == 25

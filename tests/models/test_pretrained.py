@@ -2,6 +2,7 @@
 by sha256, into the networks they fit; they score as their model cards say."""
 
 import json
+import re
 import os
 import shutil
 
@@ -45,7 +46,7 @@ def test_the_registry_ships_the_mnist_presets_with_their_cards():
                                            preset.file.replace(".keras", ".md")))
         assert card["command"].startswith("keras-identity-train ")
         assert card["recipe"]["steps"] == 9360 and card["data"]["test_images"] == 10_000
-        assert card["data"]["sha256"] == ("sha256:06af5dfe73b70e3bc1c36439982b18a8d76803db9b5"
+        assert card["data"]["fingerprint"] == ("sha256:06af5dfe73b70e3bc1c36439982b18a8d76803db9b5"
                                           "44f6fdf838a37fbb01b64")  # the built-in MNIST
     assert calls["highway50_mnist"].card["parameters"] == 289_660
 
@@ -134,3 +135,112 @@ def test_presets_table_lists_every_preset_with_its_error_and_command():
     for preset in SHIPPED:
         assert f"| {100 * preset.test_error:.2f}% |" in table
         assert preset.card["command"] in table
+
+
+def test_calls_that_build_the_presets_network_fit_it_with_defaults_resolved(mnist_test):
+    x, _ = mnist_test
+    reference = ki.models.highway_net(10, weights="mnist").predict(x[:16], verbose=0)
+    same = ki.models.highway_net(depth=10, dataset="mnist", architecture="fully_connected",
+                                 width=50, num_classes=10, input_shape=[28, 28, 1],
+                                 weights="mnist")
+    np.testing.assert_allclose(same.predict(x[:16], verbose=0), reference, atol=1e-6)
+    with pytest.raises(ValueError, match=r"no preset fits highway_net\(depth=10, "
+                                         r"dataset='mnist', width=40\)"):
+        ki.models.highway_net(10, width=40, weights="mnist")
+    with pytest.raises(ValueError, match=r"no preset fits"):  # its statistics would win
+        ki.models.highway_net(10, include_preprocessing=True, normalization="per_pixel_mean",
+                              weights="mnist")
+
+
+@pytest.fixture
+def resnet_registry(tmp_path, monkeypatch):
+    """A registry of one pre-activation ResNet-20 (CIFAR-10), untrained."""
+    keras.utils.set_random_seed(3)
+    model = ki.models.preact_resnet(20)
+    model.save(tmp_path / "preact_resnet20_x.keras")
+    entry = {"weights": "x", "builder": "preact_resnet",
+             "arguments": {"depth": 20, "dataset": "cifar10"},
+             "file": "preact_resnet20_x.keras",
+             "sha256": pretrained.file_sha256(tmp_path / "preact_resnet20_x.keras"),
+             "card": {"configuration": "preact_resnet20"}}
+    (tmp_path / "presets.json").write_text(json.dumps([entry]))
+    monkeypatch.setattr(pretrained, "_directory", lambda: str(tmp_path))
+    return model
+
+
+def test_a_preactivation_preset_fits_every_call_that_builds_its_network(resnet_registry, rng):
+    images = rng.normal(size=(4, 32, 32, 3)).astype("float32")
+    expected = resnet_registry.predict(images, verbose=0)
+    for call in (lambda: ki.models.preact_resnet(20, weights="x"),
+                 lambda: ki.models.resnet(20, unit="full_preactivation", weights="x"),
+                 lambda: ki.models.preact_resnet(20, block="basic", dimension_shortcut="A",
+                                                 num_classes=10, stage_mode="scan",
+                                                 weights="x")):
+        np.testing.assert_allclose(call().predict(images, verbose=0), expected, atol=1e-5)
+    backbone = ki.models.preact_resnet(20, include_top=False, pooling="avg",
+                                       input_shape=(48, 48, 3), weights="x")
+    assert backbone.output_shape == (None, 64)
+    for call, shown in (
+            (lambda: ki.models.resnet(20, weights="x"), "resnet(depth=20, dataset='cifar10')"),
+            (lambda: ki.models.preact_resnet(20, num_classes=100, weights="x"),
+             "preact_resnet(depth=20, dataset='cifar10', num_classes=100)"),
+            (lambda: ki.models.preact_resnet(20, dimension_shortcut="B", weights="x"),
+             "preact_resnet(depth=20, dataset='cifar10', dimension_shortcut='B')")):
+        with pytest.raises(ValueError, match=rf"^weights='x': no preset fits "
+                                             rf"{re.escape(shown)}; the presets: "
+                                             rf"preact_resnet\(depth=20, dataset='cifar10', "
+                                             rf"weights='x'\)\.$"):
+            call()
+
+
+def _fake_run(run_dir, model, arguments, configuration):
+    run_dir.mkdir()
+    model.save(run_dir / "model.keras")
+    card = {"configuration": configuration, "model": model.name, "builder": "highway_net",
+            "arguments": arguments, "model_file": "model.keras"}
+    (run_dir / "model_card.json").write_text(json.dumps(card))
+    (run_dir / "model_card.md").write_text("# card\n")
+
+
+def test_register_replaces_a_preset_of_the_same_name_and_arguments(tmp_path):
+    registry = tmp_path / "registry"
+    _fake_run(tmp_path / "a", ki.models.highway_net(4, width=8), {"depth": 4, "width": 8},
+              None)
+    _fake_run(tmp_path / "b", ki.models.highway_net(4, width=6), {"depth": 4, "width": 6},
+              None)
+    first = pretrained.register(str(tmp_path / "a"), "x", str(registry))
+    pretrained.register(str(tmp_path / "a"), "x", str(registry))          # again: replaced
+    other = pretrained.register(str(tmp_path / "b"), "x", str(registry))  # another network
+    assert first.file != other.file and first.file.startswith("highway4_mnist_")
+    assert [p.arguments for p in pretrained.presets(str(registry))] == [
+        {"depth": 4, "width": 8}, {"depth": 4, "width": 6}]
+    assert sorted(os.listdir(registry)) == sorted(
+        [first.file, first.file[:-6] + ".md", other.file, other.file[:-6] + ".md",
+         "presets.json"])
+    for bad in ("a/b", "x.keras", ""):
+        with pytest.raises(ValueError, match=r"weights=.* is not valid; expected a name"):
+            pretrained.register(str(tmp_path / "a"), bad, str(registry))
+    with pytest.raises(ValueError, match=r"has no model_card.json: run its "
+                                         r"keras-identity-train command to the end first"):
+        pretrained.register(str(tmp_path), "x", str(registry))
+
+
+def test_load_weights_refuses_a_preset_name_and_names_the_builder_way():
+    model = ki.models.highway_net(10)
+    with pytest.raises(ValueError, match=r"^weights='mnist': load_weights takes a .keras or "
+                                         r"\.weights\.h5 file; a preset is given to its "
+                                         r"builder"):
+        ki.models.load_weights(model, "mnist")
+
+
+def test_a_card_gives_the_papers_error_of_a_named_configuration():
+    from keras_identity.training import model_card
+
+    assert model_card.paper_error("resnet", {"depth": 20, "dataset": "cifar10"}) == (
+        8.75, "He et al. 2015, Table 6")
+    assert model_card.paper_error("preact_resnet", {"depth": 1001, "dataset": "cifar10"})[0] \
+        == 4.92
+    assert model_card.paper_error("resnet", {"depth": 52, "dataset": "mnist"}) == (
+        None, "the lecture notes give the MNIST ResNet's architecture, not a test error")
+    assert model_card.paper_error("resnet", {"depth": 8, "dataset": "cifar10"}) == (
+        None, "the papers report no test error for this network")
