@@ -335,7 +335,10 @@ def check_arguments(builder, *args, **kwargs):
         kwargs = dict(kwargs, unit="full_preactivation")
     bound = inspect.signature(resnet).bind(*args, **kwargs)
     bound.apply_defaults()
-    _resolve_arguments(**_checked(bound.arguments))
+    arguments = dict(bound.arguments)
+    _resolve_arguments(**_checked(arguments))
+    pretrained.weights_file("resnet", arguments["weights"], arguments,
+                            pretrained.defaults_of(resnet), resolve=_layout)
 
 
 def _checked(arguments):
