@@ -95,7 +95,7 @@ def study(key, x_test, y_test):
     (``deletions.json``) with what it was measured on: rewriting the report
     with the same model, test images, draws and seed reuses it."""
     import keras_identity as ki
-    from keras_identity.training.checkpoints import write_json
+    from keras_identity.storage import write_json
 
     model_path = os.path.join(run_dir(key), "model.keras")
     cache = os.path.join(run_dir(key), "deletions.json")
