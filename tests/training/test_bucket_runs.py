@@ -21,6 +21,7 @@ from keras_identity import storage
 from keras_identity import store_clients
 from keras_identity.training import ConfigError
 from keras_identity.training import Stopped
+from keras_identity.training import model_card
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import run_lock
 from keras_identity.training import train
@@ -47,7 +48,7 @@ RUN_OF_FLAGS = dict(checkpoint_format=None, depth=10, batch_size=32, steps_per_e
                     train_examples=512, test_examples=96, seed=3, deterministic=False,
                     epochs=None, steps_per_execution=1)
 RUN_FILES = ["config.json", "curves.png", "history.csv", "history.json", "model.keras",
-             "preprocessing.json", "run.json"]
+             "model_card.json", "model_card.md", "preprocessing.json", "run.json"]
 
 
 def _machine(tmp_path, name):
@@ -106,6 +107,9 @@ def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(str
     model_dir, machine, done = straight
     files = storage.list_files(model_dir)
     assert [f for f in files if "/" not in f] == RUN_FILES
+    card = storage.read_json(storage.join(model_dir, "model_card.json"))  # its card there too
+    assert card["recipe"]["steps"] == 12 and card["sha256"] == model_card.file_sha256(
+        storage.join(model_dir, "model.keras"))
     assert sorted({f.split("/")[1] for f in files if f.startswith("checkpoints/")}) == \
         CHECKPOINTS
     if ORBAX:  # each committed: its commit file is written last
