@@ -23,16 +23,22 @@ def _walk(top, depth=0):
             yield from _walk(folder, depth + 1)
 
 
+def file_sha256(path):
+    """The SHA-256 of the bytes of the local file ``path``, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def fingerprint(path):
     """A digest of the data at ``path``: SHA-256 of a file's bytes, or of a
     folder's relative paths, sizes and modification times (a changed, added
     or removed image changes it; images in a linked class folder too)."""
-    digest = hashlib.sha256()
     if os.path.isfile(path):
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return f"sha256:{digest.hexdigest()}"
+        return f"sha256:{file_sha256(path)}"
+    digest = hashlib.sha256()
     for dirpath, _, filenames in _walk(path):
         for filename in filenames:
             full = os.path.join(dirpath, filename)

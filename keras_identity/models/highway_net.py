@@ -145,16 +145,19 @@ def default_width(highway, dataset, architecture, activation):
 
 
 def _layout(arguments, highway):
-    """The architecture and width ``arguments`` build (defaults resolved): what a
-    preset's arguments are compared by."""
+    """The architecture, width, classes and input shape ``arguments`` build
+    (defaults resolved): what a preset's arguments are compared by."""
     architecture = arguments["architecture"] or (
         "fully_connected" if arguments["dataset"] == "mnist" else "convolutional")
     width = arguments["width"]
     if width is None:
         width = default_width(highway, arguments["dataset"], architecture,
                               arguments["activation"])
+    dataset, num_classes = arguments["dataset"], arguments["num_classes"]
     return {"architecture": architecture,
-            "width": list(width) if isinstance(width, (list, tuple)) else width}
+            "width": list(width) if isinstance(width, (list, tuple)) else width,
+            "num_classes": NUM_CLASSES[dataset] if num_classes is None else num_classes,
+            "input_shape": list(check_input_shape(arguments["input_shape"], dataset))}
 
 
 def _common(depth, dataset, architecture, activation, num_classes, input_shape, minimum,

@@ -30,8 +30,7 @@ import json
 import os
 import shutil
 
-from keras_identity.data.facts import IMAGE_SHAPES
-from keras_identity.data.facts import NUM_CLASSES
+from keras_identity.data.fingerprints import file_sha256
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preset_files")
 REGISTRY_FILE = "presets.json"
@@ -106,34 +105,29 @@ def is_preset_name(weights):
             and os.sep not in weights and not weights.endswith(_SUFFIXES))
 
 
-def _normalized(key, value, dataset):
-    if key == "num_classes" and value is None:
-        return NUM_CLASSES.get(dataset)
-    if key == "input_shape" and value is None:
-        return list(IMAGE_SHAPES.get(dataset, ()))
+def _comparable(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def fits(preset, builder, given, defaults, resolve=None):
+def fits(preset, builder, given, defaults, resolve):
     """Whether ``preset`` fits the call ``builder(**given)`` (``defaults``: the
     builder's; ``resolve``: the builder's resolution of its defaults, a dict
-    of the values ``arguments`` build, compared instead of the given ones)."""
+    of the values ``arguments`` build (classes and input shape among them),
+    compared instead of the given ones)."""
     name, arguments = preset.as_resnet()
     if name != builder:
         return False
     mine, theirs = {**defaults, **given}, {**defaults, **arguments}
     if mine["dataset"] != theirs["dataset"]:
         return False
-    if resolve is not None:
-        mine.update(resolve(mine))
-        theirs.update(resolve(theirs))
+    mine.update(resolve(mine))
+    theirs.update(resolve(theirs))
     top = mine.get("include_top", True)
     keys = (set(mine) | set(theirs)) - FREE_ARGUMENTS
     for key in keys | {"num_classes"} if top else keys:
         if key not in defaults:
             continue
-        a = _normalized(key, mine.get(key), mine["dataset"])
-        b = _normalized(key, theirs.get(key), mine["dataset"])
+        a, b = _comparable(mine.get(key)), _comparable(theirs.get(key))
         if key == "input_shape" and not top:  # a backbone takes other sizes
             a, b = a[-1:], b[-1:]
         if a != b:
@@ -148,7 +142,7 @@ def _listing(directory=None):
     return "; ".join(p.call for p in found)
 
 
-def weights_file(builder, weights, given, defaults, directory=None, resolve=None):
+def weights_file(builder, weights, given, defaults, resolve, directory=None):
     """The local, verified file of preset ``weights`` for ``builder(**given)``
     (``resolve``: see :func:`fits`); any other ``weights`` is returned as it is.
 
@@ -175,15 +169,6 @@ def weights_file(builder, weights, given, defaults, directory=None, resolve=None
         raise ValueError(f"weights={weights!r}: no preset fits {builder}({shown}); the "
                          f"presets: {_listing(directory)}.")
     return _verified(match[0], directory)
-
-
-def file_sha256(path):
-    """The sha256 of the local file ``path``, in hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _verified(preset, directory):

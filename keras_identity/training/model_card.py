@@ -7,8 +7,8 @@ runs again on a complete run).  A card names the builder and its arguments,
 the data (its fingerprint as the run's identity records it), the recipe and its
 plan, the test error beside the paper's number (where the papers give one),
 the exact command, the package version and commit, the machine and the
-training time.  :mod:`keras_identity.models.presets` keeps the cards of the
-weights it ships.
+training time.  :mod:`keras_identity.models.pretrained` keeps the cards of
+the weights it ships.
 """
 
 import os
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from keras_identity import storage
-from keras_identity.models import pretrained
+from keras_identity.data.fingerprints import file_sha256 as local_file_sha256
 from keras_identity.models import registry
 from keras_identity.training.run_files import RUN_FILE
 from keras_identity.version import __version__
@@ -53,7 +53,7 @@ _NO_ERROR = {
 def file_sha256(path):
     """The sha256 of the file at ``path`` (local or in a bucket), in hex."""
     with storage.local_copy(path) as local:
-        return pretrained.file_sha256(local)
+        return local_file_sha256(local)
 
 
 def package_commit():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import keras_identity as ki
+from keras_identity.data.fingerprints import file_sha256
 from keras_identity.models import pretrained
 
 SHIPPED = pretrained.presets()
@@ -161,7 +162,7 @@ def resnet_registry(tmp_path, monkeypatch):
     entry = {"weights": "x", "builder": "preact_resnet",
              "arguments": {"depth": 20, "dataset": "cifar10"},
              "file": "preact_resnet20_x.keras",
-             "sha256": pretrained.file_sha256(tmp_path / "preact_resnet20_x.keras"),
+             "sha256": file_sha256(tmp_path / "preact_resnet20_x.keras"),
              "card": {"configuration": "preact_resnet20"}}
     (tmp_path / "presets.json").write_text(json.dumps([entry]))
     monkeypatch.setattr(pretrained, "_directory", lambda: str(tmp_path))
