@@ -28,8 +28,8 @@ import hashlib
 import inspect
 import json
 import os
-import shutil
 
+from keras_identity import storage
 from keras_identity.data.fingerprints import file_sha256
 
 PRESET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preset_files")
@@ -200,8 +200,8 @@ def _verified(preset, directory):
 
 
 def register(run_dir, weights, directory=None):
-    """Adds the complete run in ``run_dir`` to the registry in ``directory``
-    (default: the package's) as preset ``weights``: its ``model.keras``
+    """Adds the complete run in ``run_dir`` (local or in a bucket) to the
+    registry in ``directory`` (default: the package's) as preset ``weights``: its ``model.keras``
     without the optimizer's state, the sha256 of that file and the run's
     model card (also kept beside the weights as Markdown).  Replaces a preset
     of the same name and arguments.  Returns
@@ -212,22 +212,22 @@ def register(run_dir, weights, directory=None):
         raise ValueError(f"weights={weights!r} is not valid; expected a name (no path, no "
                          f"file suffix), e.g. 'mnist'.")
     directory = directory or _directory()
-    for file in ("model_card.json", "model_card.md"):
-        if not os.path.exists(os.path.join(run_dir, file)):
+    for file in ("model_card.json", "model_card.md"):  # the run may be in a bucket
+        if not storage.exists(storage.join(run_dir, file)):
             raise ValueError(f"run_dir={run_dir!r} has no {file}: run its keras-identity-train "
                              f"command to the end first.")
-    with open(os.path.join(run_dir, "model_card.json")) as f:
-        card = json.load(f)
+    card = storage.read_json(storage.join(run_dir, "model_card.json"))
     # A network without a named configuration: its model's name and its arguments' digest.
     name = card["configuration"] or "{}_{}".format(card["model"], hashlib.sha256(
         json.dumps(card["arguments"], sort_keys=True).encode()).hexdigest()[:8])
     stem = name if name.endswith(f"_{weights}") else f"{name}_{weights}"
     file = f"{stem}.keras"
     os.makedirs(directory, exist_ok=True)
-    model = load_model(os.path.join(run_dir, card["model_file"]), compile=False)
+    with storage.local_copy(storage.join(run_dir, card["model_file"])) as local:
+        model = load_model(local, compile=False)
     model.save(os.path.join(directory, file))
-    shutil.copyfile(os.path.join(run_dir, "model_card.md"), os.path.join(directory,
-                                                                         f"{stem}.md"))
+    with open(os.path.join(directory, f"{stem}.md"), "w") as f:
+        f.write(storage.read_text(storage.join(run_dir, "model_card.md")))
     preset = Preset(weights=weights, builder=card["builder"], arguments=card["arguments"],
                     file=file, sha256=file_sha256(os.path.join(directory, file)), card=card)
     kept = [p for p in presets(directory) if p.file != file and (

@@ -21,6 +21,7 @@ from keras_identity import storage
 from keras_identity import store_clients
 from keras_identity.training import ConfigError
 from keras_identity.training import Stopped
+from keras_identity.models import pretrained
 from keras_identity.training import model_card
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import run_lock
@@ -103,13 +104,16 @@ def straight(gcs_emulator, tmp_path_factory):
     return model_dir, machine, done
 
 
-def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(straight):
+def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(straight,
+                                                                            tmp_path):
     model_dir, machine, done = straight
     files = storage.list_files(model_dir)
     assert [f for f in files if "/" not in f] == RUN_FILES
     card = storage.read_json(storage.join(model_dir, "model_card.json"))  # its card there too
     assert card["recipe"]["steps"] == 12 and card["sha256"] == model_card.file_sha256(
         storage.join(model_dir, "model.keras"))
+    preset = pretrained.register(model_dir, "x", str(tmp_path))  # a preset from the bucket
+    assert preset.card == card and (tmp_path / preset.file).is_file()
     assert sorted({f.split("/")[1] for f in files if f.startswith("checkpoints/")}) == \
         CHECKPOINTS
     if ORBAX:  # each committed: its commit file is written last
