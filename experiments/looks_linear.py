@@ -1,6 +1,7 @@
 r"""Looks-linear initialisation against shattered gradients (Balduzzi et al. 2017, Fig. 6).
 
-    python -m experiments.looks_linear --data_dir=../shared/data       # CPU scale
+    python -m experiments.looks_linear --data_dir=../shared/data       # 200 iterations
+    python -m experiments.reproduce --claim=looks_linear                # to the end (CPU)
 
 Trains, at each of ``--depths``, three MNIST convnets with the same seed and
 data order, each a resumable ``keras-identity-train`` run: a feedforward ReLU
@@ -8,7 +9,9 @@ net (``plain_net(architecture="convolutional")``, He initialisation), the
 same net with CReLU and the looks-linear initialisation (widths / sqrt(2),
 ``activation="crelu", kernel_initializer="looks_linear"``), and a ResNet
 (``resnet(depth, dataset="mnist")``).  All take the same recipe and learning
-rate and stop ``--iterations`` into it.  The report states the paper's claim
+rate and stop ``--iterations`` into it: the recipe's 30 epochs, each ``--interval``
+iterations (a logged point), so ``--iterations`` equal to 30 x ``--interval`` trains
+to the end of the schedule (lr /10 at 50% and 75%).  The report states the paper's claim
 (ReLU nets get worse with depth; the looks-linear CReLU net trains about as
 well as a ResNet), ours, the scale and a verdict, beside the notes' 1-D
 measurement (the lag-1 autocorrelation of the input gradient at depth 50,
@@ -31,8 +34,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "MNIST (an .npz or a tfds directory; default: the "
                     "built-in MNIST).")
 flags.DEFINE_list("depths", ["10", "30"], "Depths (weight layers, 2n+2 for the ResNet).")
-flags.DEFINE_integer("iterations", 200, "Training iterations of every net (batch 128).")
-flags.DEFINE_integer("interval", 25, "Iterations between two logged points.")
+flags.DEFINE_integer("iterations", 200, "Training iterations of every net (batch 128); at "
+                     "most the schedule's length, 30 x --interval.")
+flags.DEFINE_integer("interval", 25, "Iterations between two logged points: one of the "
+                     "recipe's 30 epochs, so the schedule is 30 x --interval iterations.")
 flags.DEFINE_float("learning_rate", 0.01, "The learning rate of every net (SGD, momentum "
                    "0.9; the paper: Adam with its auto-scheduler).")
 flags.DEFINE_integer("test_examples", 1000, "Test images evaluated at each point (0: all).")
@@ -42,6 +47,7 @@ flags.DEFINE_string("run_dir", "runs/looks_linear", "Directory of the runs.")
 flags.DEFINE_string("report_dir", None, "Where the report goes (default: docs/results/).")
 flags.DEFINE_string("report", "looks_linear_mnist.md", "Report name.")
 
+RECIPE = "highway_mnist_conv"
 _CONV = {"architecture": "convolutional"}
 KINDS = (
     ("relu", "ReLU, He init", ["--model=plain_net", "--model_kwargs=" + json.dumps(
@@ -60,12 +66,29 @@ def nets():
             for kind, label, argv in KINDS]
 
 
+def schedule():
+    """The schedule's length in iterations: the recipe's epochs, each
+    ``--interval`` iterations (a logged point)."""
+    from keras_identity.recipes import RECIPES
+
+    return RECIPES[RECIPE].epochs * FLAGS.interval
+
+
+def scale_text():
+    """How far into the schedule the runs go, in words."""
+    length = schedule()
+    where = ("the whole schedule" if FLAGS.iterations == length else
+             f"{100 * FLAGS.iterations / length:.0f}% of the schedule")
+    return (f"{FLAGS.iterations} iterations ({FLAGS.iterations * 128 / 60000:.2f} epochs): "
+            f"{where} of {length} iterations, lr /10 at {length // 2} and {3 * length // 4}")
+
+
 def run_dir(key):
     return os.path.join(FLAGS.run_dir, key)
 
 
 def train_argv(argv):
-    return [*argv, "--dataset=mnist", "--recipe=highway_mnist_conv",
+    return [*argv, "--dataset=mnist", f"--recipe={RECIPE}",
             f"--learning_rate={FLAGS.learning_rate:g}", f"--stop_at_step={FLAGS.iterations}",
             *_runs.shared_argv(FLAGS.interval, FLAGS.seed, FLAGS.test_examples, FLAGS.data_dir)]
 
@@ -98,7 +121,9 @@ def write_report(gradients):
     verdict_text = looks_linear_verdict(errors, depths, images)
     deep = max(depths)
     window = LAST_POINTS * FLAGS.interval
-    summary = (f"MNIST convnets, {FLAGS.iterations} iterations, training error at depth "
+    summary = (f"MNIST convnets, {FLAGS.iterations} iterations"
+               + (" (the whole schedule)" if FLAGS.iterations == schedule() else "")
+               + f", training error at depth "
                f"{deep}: ReLU {100 * errors[f'relu{deep}']:.1f}%, CReLU looks-linear "
                f"{100 * errors[f'crelu_ll{deep}']:.1f}%, ResNet "
                f"{100 * errors[f'resnet{deep}']:.1f}%"
@@ -124,8 +149,7 @@ def write_report(gradients):
         f"maps, doubled by CReLU: about the same parameters); and the MNIST ResNet (1x1 "
         f"conv0, basic units of 16 channels with batch normalisation). SGD with momentum 0.9 "
         f"at lr {FLAGS.learning_rate:g} for every net (the `highway_mnist_conv` recipe, weight "
-        f"decay 5e-4, batch 128), {FLAGS.iterations} iterations "
-        f"({FLAGS.iterations * 128 / 60000:.2f} epochs), seed {FLAGS.seed} for all (the same "
+        f"decay 5e-4, batch 128), {scale_text()}; seed {FLAGS.seed} for all (the same "
         f"data order), one seed. Training error: the mean over the last {window} iterations; "
         f"test error on "
         + (f"{FLAGS.test_examples} test images" if FLAGS.test_examples else "the test set")
@@ -175,6 +199,9 @@ def main(argv):
     if FLAGS.iterations % FLAGS.interval:
         _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected a multiple of "
                   f"--interval={FLAGS.interval}", 2)
+    if FLAGS.iterations > schedule():
+        _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected at most the "
+                  f"schedule's {schedule()} (30 x --interval={FLAGS.interval})", 2)
     for name in ("test_examples", "gradient_depth"):
         if FLAGS[name].value < 0:
             _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 0", 2)

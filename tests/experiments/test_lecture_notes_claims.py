@@ -97,6 +97,8 @@ def test_looks_linear_verdict():
     ("looks_linear", ["--depths=10,31"], "--depths=10,31 is not valid; expected two or more "
                                          "even depths"),
     ("looks_linear", ["--learning_rate=0"], "--learning_rate=0 is not valid; expected > 0"),
+    ("looks_linear", ["--iterations=100", "--interval=2"], "--iterations=100 is not valid; "
+                                                           "expected at most the schedule's 60"),
     ("veit_deletion", ["--draws=0"], "--draws=0 is not valid; expected >= 1"),
     ("veit_deletion", ["--weights=nosuch"], "--weights=nosuch is not valid: neither net has "
                                             "a preset of that name"),
@@ -159,6 +161,9 @@ def test_looks_linear_runs_and_reports(tmp_path, fake_data):
     assert "| 6 | ReLU, He init | 19,606 |" in report
     assert "lag-1 autocorrelation of the input gradient is" in report
     assert '"kernel_initializer": "looks_linear"' in report
+    # 2 of the schedule's 30 x 2 iterations, its /10 steps at 30 and 45.
+    assert ("2 iterations (0.00 epochs): 3% of the schedule of 60 iterations, lr /10 at 30 "
+            "and 45") in report
 
 
 @pytest.mark.slow
