@@ -35,9 +35,9 @@ flags.DEFINE_string("data_dir", None, "MNIST (an .npz or a tfds directory; defau
                     "built-in MNIST).")
 flags.DEFINE_list("depths", ["10", "30"], "Depths (weight layers, 2n+2 for the ResNet).")
 flags.DEFINE_integer("iterations", 200, "Training iterations of every net (batch 128); at "
-                     "most the schedule's length, 30 x --interval.")
+                     "most the schedule's length: the recipe's epochs x --interval.")
 flags.DEFINE_integer("interval", 25, "Iterations between two logged points: one of the "
-                     "recipe's 30 epochs, so the schedule is 30 x --interval iterations.")
+                     "recipe's epochs, so the schedule is its epochs x --interval iterations.")
 flags.DEFINE_float("learning_rate", 0.01, "The learning rate of every net (SGD, momentum "
                    "0.9; the paper: Adam with its auto-scheduler).")
 flags.DEFINE_integer("test_examples", 1000, "Test images evaluated at each point (0: all).")
@@ -201,7 +201,8 @@ def main(argv):
                   f"--interval={FLAGS.interval}", 2)
     if FLAGS.iterations > schedule():
         _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected at most the "
-                  f"schedule's {schedule()} (30 x --interval={FLAGS.interval})", 2)
+                  f"schedule's {schedule()} ({schedule() // FLAGS.interval} epochs x "
+                  f"--interval={FLAGS.interval})", 2)
     for name in ("test_examples", "gradient_depth"):
         if FLAGS[name].value < 0:
             _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 0", 2)
