@@ -133,9 +133,11 @@ def render(card):
     paper = (f"{100 * card['paper_test_error']:.2f}% ({card['paper_source']})"
              if card["paper_test_error"] is not None else f"none ({card['paper_source']})")
     minutes = card["training_seconds"] / 60
+    # The named configuration heads the card: a twin (resnet52_mnist_plain)
+    # builds a Keras model of its sibling's name.
+    name = card["configuration"] or card["model"]
     lines = [
-        f"# {card['model']}" + (f" ({card['configuration']})" if card["configuration"]
-                                 not in (None, card["model"]) else ""),
+        f"# {name}" + (f" (Keras model `{card['model']}`)" if name != card["model"] else ""),
         "",
         f"`keras_identity.models.{card['builder']}({arguments})`: "
         f"{card['parameters']:,} trainable parameters.",
