@@ -66,12 +66,18 @@ def nets():
             for kind, label, argv in KINDS]
 
 
-def schedule():
-    """The schedule's length in iterations: the recipe's epochs, each
-    ``--interval`` iterations (a logged point)."""
-    from keras_identity.recipes import RECIPES
+def plan():
+    """The runs' schedule as the trainer plans it (:func:`keras_identity.recipes.resolve`):
+    the recipe's epochs, each ``--interval`` iterations (a logged point)."""
+    from keras_identity import recipes
 
-    return RECIPES[RECIPE].epochs * FLAGS.interval
+    return recipes.resolve(recipes.RECIPES[RECIPE], num_train=60000,
+                           learning_rate=FLAGS.learning_rate, steps_per_epoch=FLAGS.interval)
+
+
+def schedule():
+    """The schedule's length in iterations."""
+    return plan().total_steps
 
 
 def scale_text():
@@ -79,8 +85,9 @@ def scale_text():
     length = schedule()
     where = ("the whole schedule" if FLAGS.iterations == length else
              f"{100 * FLAGS.iterations / length:.0f}% of the schedule")
+    steps = " and ".join(str(b) for b in plan().boundaries)
     return (f"{FLAGS.iterations} iterations ({FLAGS.iterations * 128 / 60000:.2f} epochs): "
-            f"{where} of {length} iterations, lr /10 at {length // 2} and {3 * length // 4}")
+            f"{where} of {length} iterations, lr /10 at {steps}")
 
 
 def run_dir(key):
