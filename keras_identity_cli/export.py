@@ -10,8 +10,9 @@ bytes) and serving_uint8, and assets.extra/tf_serving_warmup_requests.  Any
 .keras model exports: one that includes its preprocessing (every model
 keras-identity-train saves) takes pixel values in [0, 255]; for an older
 run's model the preprocessing.json beside it puts the normalisation in the
-graph; a model with neither receives the pixels as they are (the command
-says which, and so does assets.extra/inputs.txt).  The export is loaded back the
+graph; a model with neither is refused, unless --raw_pixels says it takes
+pixel values as they are (the command says which applies, and so does
+assets.extra/inputs.txt).  The export is loaded back the
 way TF Serving loads it and the warm-up requests are replayed before the
 command reports success.
 
@@ -39,6 +40,10 @@ flags.DEFINE_string("preprocessing", None, "preprocessing.json of the training r
                     "the one beside --model_path, if any). Models that include their "
                     "preprocessing need none; older runs' models take their normalisation "
                     "from it.")
+flags.DEFINE_bool("raw_pixels", False, "The model takes pixel values in [0, 255] as they "
+                  "are: export a model with no preprocessing layer and no preprocessing.json "
+                  "(refused otherwise: its pixel signatures would feed it unnormalised "
+                  "pixels).")
 flags.DEFINE_list("class_names", None, "Class names the signatures return, comma-separated "
                   "(default: the preprocessing.json's, else the class indices).")
 flags.DEFINE_integer("top_k", 5, "Classes returned per example.")
@@ -116,7 +121,8 @@ def main(argv):
             model, FLAGS.export_dir, preprocessing, class_names=FLAGS.class_names,
             version=FLAGS.version, top_k=FLAGS.top_k, model_name=name,
             warmup=FLAGS.warmup, float32=FLAGS.float32, overwrite=FLAGS.overwrite,
-            max_image_bytes=FLAGS.max_image_bytes, max_image_pixels=FLAGS.max_image_pixels)
+            max_image_bytes=FLAGS.max_image_bytes, max_image_pixels=FLAGS.max_image_pixels,
+            raw_pixels=FLAGS.raw_pixels)
     except (ValueError, ImportError) as error:
         _cli.fail(error, 2)
     except storage.StorageError as error:
@@ -127,7 +133,7 @@ def main(argv):
             replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
     except storage.StorageError as error:
         _cli.fail(error, 1)
-    print(f"inputs: {input_description(model, preprocessing)}")
+    print(f"inputs: {input_description(model, preprocessing, FLAGS.raw_pixels)}")
     kernels = cpu_kernels.describe()
     if kernels:
         print(kernels)

@@ -42,6 +42,12 @@ def main(argv):
     from keras_identity.serving.emulator import ServingEmulator
     from keras_identity.serving.emulator import latest_version
 
+    from keras_identity import storage
+
+    try:
+        storage.check_path(FLAGS.model_base_path, "model_base_path")
+    except ValueError as error:
+        _cli.fail(error, 2)
     if not os.path.isdir(FLAGS.model_base_path):
         _cli.fail(f"model_base_path={FLAGS.model_base_path!r} does not exist", 2)
     for name in ("workers", "max_queued", "backlog"):

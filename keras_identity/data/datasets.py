@@ -31,6 +31,7 @@ The sources: :mod:`~keras_identity.data.npz_files`,
 
 import os
 
+from keras_identity import storage
 from keras_identity.data.archives import from_archive
 from keras_identity.data.errors import DataError
 from keras_identity.data.facts import DATASETS
@@ -93,6 +94,7 @@ def load_dataset(name, data_dir=None, random_access=False):
         raise ValueError(f"dataset={name!r} is not valid; expected one of: "
                          f"{', '.join(repr(d) for d in DATASETS)}.")
     if data_dir:
+        storage.check_path(os.fspath(data_dir), "data_dir")
         data_dir = os.path.expanduser(data_dir)
         dataset = _from_path(data_dir, name)
         if dataset is not None:

@@ -65,7 +65,8 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
                        version=None, top_k=5,
                        model_name="model", warmup=True, float32=False, overwrite=False,
                        max_image_bytes=signatures_lib.MAX_IMAGE_BYTES,
-                       max_image_pixels=signatures_lib.MAX_IMAGE_PIXELS):
+                       max_image_pixels=signatures_lib.MAX_IMAGE_PIXELS,
+                       raw_pixels=False):
     """Writes ``<export_base>/<version>/``: a SavedModel with the signatures of
     :mod:`keras_identity.serving.signatures` and TF Serving warm-up requests.
 
@@ -88,6 +89,11 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
         overwrite: replace an existing version.
         max_image_bytes, max_image_pixels: bounds on each image sent to ``serving_bytes``
             (``InvalidArgument`` beyond them, before decoding).
+        raw_pixels: the model takes pixel values in [0, 255] as they are.  A model that
+            neither normalises its inputs itself nor gets ``preprocessing`` with a
+            normalisation is refused without it: its pixel signatures would feed it
+            unnormalised pixels (a preset built with the default
+            ``include_preprocessing=False`` takes normalised inputs).
 
     Returns:
         The version directory (in a bucket for an ``export_base`` there).
@@ -107,6 +113,7 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
         raise ValueError(f"version={version} is not valid; expected an integer >= 1.")
     if preprocessing is not None:
         check_preprocessing(model, preprocessing)
+    signatures_lib.check_inputs(model, preprocessing, raw_pixels)
     if class_names is not None:
         class_names = [str(n) for n in class_names]
         if len(class_names) != model.output_shape[-1]:
@@ -120,7 +127,8 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
     if float32 and model.dtype_policy.name != "float32":
         model = to_float32(model)
     arguments = dict(top_k=top_k, model_name=model_name, warmup=warmup,
-                     max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels)
+                     max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
+                     raw_pixels=raw_pixels)
     if storage.is_remote(export_base):
         with tempfile.TemporaryDirectory(prefix="keras_identity_export_") as staging:
             local = os.path.join(staging, str(version))
@@ -149,7 +157,7 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
 
 
 def _write_version(model, partial, preprocessing, *, top_k, model_name, warmup,
-                   max_image_bytes, max_image_pixels):
+                   max_image_bytes, max_image_pixels, raw_pixels):
     """Writes the SavedModel, its inputs.txt and warm-up requests into the
     local folder ``partial``."""
     archive = keras.export.ExportArchive()
@@ -162,7 +170,7 @@ def _write_version(model, partial, preprocessing, *, top_k, model_name, warmup,
         archive.track(model)
     functions = signatures_lib.make_serving_functions(
         model, preprocessing, top_k=top_k, max_image_bytes=max_image_bytes,
-        max_image_pixels=max_image_pixels, forward=forward)
+        max_image_pixels=max_image_pixels, forward=forward, raw_pixels=raw_pixels)
     for name in signatures_lib.SIGNATURES:
         fn, spec = functions[name]
         # TensorFlow functions on every backend: the signatures decode and
@@ -173,7 +181,7 @@ def _write_version(model, partial, preprocessing, *, top_k, model_name, warmup,
     archive.write_out(partial, verbose=False)
     os.makedirs(os.path.join(partial, "assets.extra"), exist_ok=True)
     with open(os.path.join(partial, "assets.extra", INPUTS_FILE), "w") as f:
-        f.write(signatures_lib.input_description(model, preprocessing) + "\n")
+        f.write(signatures_lib.input_description(model, preprocessing, raw_pixels) + "\n")
     if warmup:
         _, height, width, channels = model.input_shape
         shape = (preprocessing or {}).get("image_shape") or (224, 224)

@@ -33,7 +33,10 @@ def _invalid(message):
 
 
 def _decode(value, dtype):
-    """JSON value -> numpy array of the signature's dtype."""
+    """JSON value -> numpy array of the signature's dtype (JSON true/false
+    refused, as strings are for numbers)."""
+    expected = 'strings or {"b64": ...}' if dtype == tf.string else "numbers"
+
     def convert(item):
         if isinstance(item, dict):
             if set(item) != {"b64"}:
@@ -43,6 +46,9 @@ def _decode(value, dtype):
                 return base64.b64decode(item["b64"], validate=True)
             except (ValueError, TypeError):
                 raise _invalid("the \"b64\" value is not valid base64") from None
+        if isinstance(item, bool):  # JSON true/false: neither a number nor bytes
+            raise _invalid(f"the JSON value {str(item).lower()} is not valid input; "
+                           f"expected {expected}")
         if isinstance(item, list):
             return [convert(i) for i in item]
         if isinstance(item, str):
@@ -284,7 +290,7 @@ def body_framing(headers, max_body_bytes, http10=False):
         raise FramingError(411, "a POST needs a Content-Length header (the body's size in "
                                 "bytes) or Transfer-Encoding: chunked")
     declared = lengths[0]
-    if not re.fullmatch(r"[0-9]{1,12}", declared.strip(_OWS)):
+    if not re.fullmatch(r"[0-9]+", declared.strip(_OWS)):
         raise FramingError(400, f"Content-Length {declared!r} is not valid; expected the "
                                 f"body's size in bytes")
     size = int(declared.strip(_OWS))
@@ -387,6 +393,14 @@ def make_rest_handler(emulator, model_name, version, read_timeout_s=10.0,
 
         def log_message(self, *args):
             pass
+
+        def send_error(self, code, message=None, explain=None):
+            # http.server's own refusals (a request line over 64 KiB: 414;
+            # too many or too long header lines: 431; a bad request line:
+            # 400) in the server's one-line JSON, not its HTML page.
+            if message is None:
+                message = self.responses.get(code, ("error",))[0]
+            self._send(int(code), {"error": message}, close=True)
 
         def do_GET(self):
             code, kind = route("GET", self.path, model_name, version)

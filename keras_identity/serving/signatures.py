@@ -14,8 +14,11 @@ Three signatures, each returning ``probabilities`` (float32, [N, classes]), the 
 A client sends plain pixels: a model built with ``include_preprocessing`` normalises
 them itself, and for a model without it (runs made before models carried their
 preprocessing) the signatures apply the training run's :class:`Normalization` from
-``preprocessing.json`` in the graph.  A model with neither receives the pixel values as
-they are (see :func:`input_description`).  Inputs of the wrong size or corrupt image
+``preprocessing.json`` in the graph.  A model with neither is refused
+(:func:`check_inputs`): the pixel signatures would feed it values in [0, 255] where it
+was trained on normalised inputs, and answer wrongly without a word, unless
+``raw_pixels=True`` says that the model takes pixel values as they are (see
+:func:`input_description`).  Inputs of the wrong size or corrupt image
 bytes fail with ``InvalidArgument``, and so does an encoded image over
 ``max_image_bytes`` or one whose header (JPEG, PNG, GIF, BMP) declares more than
 ``max_image_pixels`` pixels, before it is decoded: the decode is in the exported graph,
@@ -54,7 +57,29 @@ def _shape_check(images, height, width, channels):
     return checks
 
 
-def input_description(model, preprocessing=None):
+def check_inputs(model, preprocessing=None, raw_pixels=False):
+    """Refuses (``ValueError``, one line) a model that neither normalises its
+    inputs (a preprocessing layer) nor gets a normalisation in
+    ``preprocessing``, unless ``raw_pixels`` says it takes pixel values in
+    [0, 255] as they are; and ``raw_pixels`` for a model that normalises."""
+    from keras_identity.layers.preprocessing import find_preprocessing
+
+    normalises = (find_preprocessing(model) is not None
+                  or (preprocessing or {}).get("normalization") is not None)
+    if raw_pixels and normalises:
+        raise ValueError("raw_pixels (--raw_pixels) is not valid for a model whose inputs are "
+                         "normalised (its preprocessing layer, or the preprocessing given); "
+                         "its signatures take pixel values in [0, 255] already.")
+    if not raw_pixels and not normalises:
+        raise ValueError("the model has no preprocessing layer and no preprocessing was given "
+                         "(--preprocessing), so the pixel signatures would feed it pixel "
+                         "values in [0, 255] unnormalised; build it with "
+                         "include_preprocessing=True, give its run's preprocessing.json "
+                         "(--preprocessing), or pass raw_pixels=True (--raw_pixels) if it "
+                         "takes pixel values as they are.")
+
+
+def input_description(model, preprocessing=None, raw_pixels=False):
     """What the signatures feed ``model`` (one line, for the export log)."""
     from keras_identity.layers.preprocessing import find_preprocessing
 
@@ -68,31 +93,29 @@ def input_description(model, preprocessing=None):
     if normalization is not None:
         return (f"the signatures apply the run's normalisation ({normalization.mode}) to "
                 f"pixel values in [0, 255]" + refused)
-    return ("the model has no preprocessing layer and no preprocessing was given: "
-            "serving_default passes its float inputs unchanged (refusing NaN and infinite "
-            "values with InvalidArgument), serving_bytes and "
-            "serving_uint8 feed pixel values in [0, 255] as float32 (build the model with "
-            "include_preprocessing=True to normalise in the graph)")
+    if raw_pixels:
+        return ("the model takes pixel values as they are (raw_pixels): every signature "
+                "feeds it pixel values in [0, 255] as float32" + refused)
+    return "the model has no preprocessing and was exported without raw_pixels: refused"
 
 
-def _value_checks(images, pixels):
-    """InvalidArgument for non-finite float inputs and, where the signature
-    takes pixels, for values outside [0, 255] (TF Serving answers 400)."""
+def _value_checks(images):
+    """InvalidArgument for non-finite float inputs and for values outside
+    [0, 255] (TF Serving answers 400): every signature takes pixels."""
     if not images.dtype.is_floating:
         return []
-    checks = [tf.debugging.assert_equal(
+    return [tf.debugging.assert_equal(
         tf.reduce_all(tf.math.is_finite(images)), True,
-        message="images: every value must be finite (NaN or infinity given)")]
-    if pixels:
-        checks.append(tf.debugging.assert_equal(
+        message="images: every value must be finite (NaN or infinity given)"),
+        tf.debugging.assert_equal(
             tf.reduce_all(tf.logical_and(images >= 0.0, images <= 255.0)), True,
-            message="images: pixel values must lie in [0, 255]"))
-    return checks
+            message="images: pixel values must lie in [0, 255]")]
 
 
 def make_serving_functions(model, preprocessing=None, top_k=5,
                            max_image_bytes=MAX_IMAGE_BYTES,
-                           max_image_pixels=MAX_IMAGE_PIXELS, forward=None):
+                           max_image_pixels=MAX_IMAGE_PIXELS, forward=None,
+                           raw_pixels=False):
     """Returns ``{signature_name: (fn, input_signature)}`` for ``model``.
 
     Args:
@@ -106,7 +129,11 @@ def make_serving_functions(model, preprocessing=None, top_k=5,
         top_k: classes and scores returned per example.
         max_image_bytes, max_image_pixels: bounds on each encoded image of ``serving_bytes``
             (``InvalidArgument`` beyond, before decoding).
+        raw_pixels: the model takes pixel values in [0, 255] as they are (a model that
+            neither normalises its inputs nor gets a normalisation is refused without it:
+            :func:`check_inputs`).
     """
+    check_inputs(model, preprocessing, raw_pixels)
     for name, value in (("max_image_bytes", max_image_bytes),
                         ("max_image_pixels", max_image_pixels)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -147,11 +174,9 @@ def make_serving_functions(model, preprocessing=None, top_k=5,
                 "scores": top.values,
                 "class_names": tf.gather(class_names, top.indices)}
 
-    pixels = normalization is not None or find_preprocessing(model) is not None
-
     def from_pixels(images):
         with tf.control_dependencies(_shape_check(images, height, width, channels)
-                                     + _value_checks(images, pixels)):
+                                     + _value_checks(images)):
             return predict(tf.identity(tf.cast(images, tf.float32)))
 
     def decode(encoded):

@@ -163,6 +163,27 @@ def render(card):
     return "\n".join(lines)
 
 
+def remove_card(model_dir):
+    """Removes the card of the run in ``model_dir`` (before its
+    ``model.keras`` is replaced: a card never stands beside other weights
+    than its own, also when the run is killed before the new card)."""
+    for name in CARD_FILES:
+        storage.remove(storage.join(model_dir, name))
+
+
+def certifies(model_dir, steps):
+    """Whether ``model_dir``'s card is of its ``model.keras`` as it is, at
+    ``steps`` steps (its sha256 is the file's): the same command on a
+    complete run then leaves the file alone."""
+    try:
+        card = storage.read_json(storage.join(model_dir, CARD_FILES[0]))
+        path = storage.join(model_dir, card["model_file"])
+        return (card["recipe"]["steps"] == steps and storage.exists(path)
+                and file_sha256(path) == card["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):  # no card, or not a readable one
+        return False
+
+
 def write_card(model_dir, card):
     """Writes ``card`` as ``model_card.json`` and ``model_card.md`` into
     ``model_dir``; returns the Markdown file's path."""

@@ -25,6 +25,7 @@ from keras_identity.training import checkpoints
 from keras_identity.training import config as config_lib
 from keras_identity.training import cpu_threads
 from keras_identity.training import fit_loop
+from keras_identity.training import model_card
 from keras_identity.training import orbax_checkpoints
 from keras_identity.training import preemption
 from keras_identity.training import recorders
@@ -260,10 +261,10 @@ def _callbacks(recorder, signals, strategy, plan, end_step, checkpoint_every,
 
 def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, plan,
                   start_step, end_step, checkpointer, work_dir, verbose, print_fn,
-                  metrics=None):
+                  metrics=None, save=True):
     """Trains from ``start_step`` to ``end_step`` (:func:`fit_loop.fit_resumable`:
     checkpoints inside epochs, stop signals) and saves ``model.keras`` into
-    ``work_dir``.  ``checkpointer``: the run's (its folder holds the stop
+    ``work_dir`` (unless not ``save``).  ``checkpointer``: the run's (its folder holds the stop
     files); ``metrics``: the metric sums of the checkpoint resumed inside an
     epoch."""
     try:
@@ -278,7 +279,8 @@ def _fit_and_save(model, make_train, eval_ds, callbacks, recorder, *, strategy, 
             print_fn(f"the run is already at step {start_step:,} (--stop_at_step={end_step})")
         elif start_step >= end_step:
             print_fn(f"the run is already complete ({start_step} steps)")
-        trained_model.save_model(model, storage.join(work_dir, "model.keras"))
+        if save:
+            trained_model.save_model(model, storage.join(work_dir, "model.keras"))
     except OSError as error:  # the history, curves, TensorBoard or model files
         if not (checkpoints.out_of_space(error) or isinstance(error, storage.StorageError)):
             raise
@@ -379,13 +381,21 @@ def _train(run, print_fn, started):
                            config.checkpoint_every,
                            None if run.scratch else storage.join(work_dir, "tensorboard"))
     model_path = storage.join(model_dir, "model.keras")
+    # A complete run's model.keras that its card certifies is left as it is
+    # (a rewrite would change its bytes, and so the card's sha256); any other
+    # is replaced, its card removed first (written anew when the run completes).
+    save = True
+    if chief:
+        save = not (start_step >= end_step and model_card.certifies(model_dir, start_step))
+        if save:
+            model_card.remove_card(model_dir)
     try:
         with setup.signals:
             _fit_and_save(model, setup.train_stream, eval_ds, callbacks, recorder,
                           strategy=strategy, plan=plan, start_step=start_step, end_step=end_step,
                           checkpointer=checkpointer, work_dir=work_dir,
                           verbose=config.verbose if chief else 0, print_fn=print_fn,
-                          metrics=(state or {}).get("metrics"))
+                          metrics=(state or {}).get("metrics"), save=save)
         # Process 0's files are written before any process returns (a process
         # that left early would look dead to the coordination service).
         strategies.barrier(strategy, "keras_identity_training_done")

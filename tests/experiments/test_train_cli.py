@@ -28,6 +28,8 @@ BAD_FLAGS = [
     (["--model=resnet", "--depth=20", "--dataset=cifar10", "--data_dir=/no/such/dir"],
      ["data_dir='/no/such/dir' does not exist"]),
     (["--epochs=0"], ["epochs=0"]),
+    (["--data_dir=da\x01ta/mnist.npz"], ["data_dir='da\\x01ta/mnist.npz' holds a control "
+                                         "character"]),
     (["--recompute=all"], ["--recompute=all", "none|bn_relu|unit"]),
     (["--model=preact_resnet", "--depth=164", "--stage_mode=unrolled", "--recompute=bn_relu"],
      ["recompute='bn_relu'", "unrolled"]),
@@ -90,6 +92,54 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert history[-1]["step"] == 60
     assert "done: test error" in result.stdout
     _check_card_and_preset(tmp_path, history, args, result.stdout)
+    _check_card_follows_the_weights(tmp_path, args)
+
+
+def _check_card_follows_the_weights(run_dir, args):
+    """The same command on the complete run leaves model.keras (and the
+    card's sha256) as they are; a card that is not of the weights beside it
+    (another run's file; a run extended since) is never registered; an
+    extension removes the card before it writes new weights."""
+    import hashlib
+
+    import keras_identity as ki
+    from keras_identity.models import pretrained
+
+    def sha256():
+        return hashlib.sha256((run_dir / "model.keras").read_bytes()).hexdigest()
+
+    card = json.loads((run_dir / "model_card.json").read_text())
+    before = sha256()
+    again = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stderr[-2000:]
+    assert sha256() == before == json.loads((run_dir / "model_card.json").read_text())[
+        "sha256"]
+    registry = run_dir / "registry2"
+    kept = (run_dir / "model.keras").read_bytes()
+    ki.models.highway_net(30).save(run_dir / "model.keras")   # another network's weights
+    with pytest.raises(ValueError, match=rf"model.keras has sha256 {sha256()}, its model "
+                                         rf"card's is {before} \(the card is not of these "
+                                         rf"weights\)"):
+        pretrained.register(str(run_dir), "trial", str(registry))
+    (run_dir / "model.keras").write_bytes(kept)
+    cards = {n: (run_dir / n).read_bytes() for n in ("model_card.json", "model_card.md")}
+    longer = [a for a in args if not a.startswith("--epochs=")] + ["--epochs=8",
+                                                                    "--stop_at_step=70"]
+    extended = subprocess.run([sys.executable, *longer], cwd=REPO, capture_output=True,
+                              text=True, timeout=300)
+    assert extended.returncode == 0, extended.stderr[-2000:]
+    assert sha256() != before and not (run_dir / "model_card.json").exists() and not (
+        run_dir / "model_card.md").exists()
+    with pytest.raises(ValueError, match="has no model_card.json"):
+        pretrained.register(str(run_dir), "trial", str(registry))
+    for name, data in cards.items():   # the stale card, as a kill before the fix left it
+        (run_dir / name).write_bytes(data)
+    with pytest.raises(ValueError, match=r"its model card is of a run of 60 steps, "
+                                         r"run.json's is 80 \(the run was extended"):
+        pretrained.register(str(run_dir), "trial", str(registry))
+    assert not registry.exists()
+    assert card["sha256"] == before
 
 
 def _check_card_and_preset(run_dir, history, args, stdout):

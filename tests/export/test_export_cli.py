@@ -21,6 +21,8 @@ from keras_identity.training import train  # noqa: E402
 from tests.backend import backend_neutral  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.programs import error_lines  # noqa: E402
+from tests.programs import run_cases  # noqa: E402
+from tests.programs import run_refusals  # noqa: E402
 
 pytestmark = pytest.mark.needs_tensorflow
 
@@ -152,23 +154,66 @@ def test_a_trained_model_alone_exports_and_serves_raw_pixels(trained_run, tmp_pa
 
 
 def test_a_model_saved_from_python_exports_with_the_cli(tmp_path):
-    """A model built and saved in Python, with or without its preprocessing."""
+    """A model built and saved in Python: with its preprocessing it exports;
+    without, it is refused unless --raw_pixels says it takes pixels as they
+    are (and --raw_pixels is refused for a model that normalises)."""
     import keras_identity as ki
 
-    with_prep = ki.models.highway_net(10, include_preprocessing=True)
-    with_prep.save(tmp_path / "with.keras")
+    ki.models.highway_net(10, include_preprocessing=True).save(tmp_path / "with.keras")
     ki.models.highway_net(10).save(tmp_path / "without.keras")
-    result = run_module("export.export_saved_model", f"--model_path={tmp_path / 'with.keras'}",
-                        f"--export_dir={tmp_path / 'a'}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "(layer 'preprocessing', scale)" in result.stdout
-    result = run_module("export.export_saved_model",
-                        f"--model_path={tmp_path / 'without.keras'}",
-                        f"--export_dir={tmp_path / 'b'}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "no preprocessing layer" in result.stdout
+    with_prep, without = f"--model_path={tmp_path / 'with.keras'}", \
+        f"--model_path={tmp_path / 'without.keras'}"
+    (ok, _, out), (refused, stderr, _), (raw, _, raw_out), (contradiction, stderr2, _) = \
+        run_cases("keras_identity_cli.export", [
+            [with_prep, f"--export_dir={tmp_path / 'a'}"],
+            [without, f"--export_dir={tmp_path / 'b'}"],
+            [without, f"--export_dir={tmp_path / 'b'}", "--raw_pixels"],
+            [with_prep, f"--export_dir={tmp_path / 'c'}", "--raw_pixels"]])
+    assert ok == 0 and "(layer 'preprocessing', scale)" in out
+    assert refused == 2 and error_lines(stderr) == [
+        "error: the model has no preprocessing layer and no preprocessing was given "
+        "(--preprocessing), so the pixel signatures would feed it pixel values in [0, 255] "
+        "unnormalised; build it with include_preprocessing=True, give its run's "
+        "preprocessing.json (--preprocessing), or pass raw_pixels=True (--raw_pixels) if it "
+        "takes pixel values as they are."], stderr[-2000:]
+    assert raw == 0 and "takes pixel values as they are (raw_pixels)" in raw_out
     assert "pixel values in [0, 255]" in (tmp_path / "b" / "1" / "assets.extra" /
                                           "inputs.txt").read_text()
+    assert os.listdir(tmp_path / "b") == ["1"]   # the refusal wrote nothing
+    assert contradiction == 2 and error_lines(stderr2) == [
+        "error: raw_pixels (--raw_pixels) is not valid for a model whose inputs are "
+        "normalised (its preprocessing layer, or the preprocessing given); its signatures "
+        "take pixel values in [0, 255] already."]
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_preset_built_the_default_way_is_not_exported_to_wrong_answers(tmp_path):
+    """``highway_net(10, weights="mnist")`` takes inputs in [0, 1]: its export
+    is refused (the pixel signatures would feed it 0-255 values: 8.3% error
+    against 0.67% before); built with ``include_preprocessing=True`` it
+    exports, and serving_bytes scores the digits as the preset does."""
+    import tensorflow as tf
+
+    import keras_identity as ki
+
+    ki.models.highway_net(10, weights="mnist").save(tmp_path / "hw10.keras")
+    ki.models.highway_net(10, weights="mnist", include_preprocessing=True).save(
+        tmp_path / "hw10_pixels.keras")
+    (refused, stderr, _), (ok, err, _) = run_cases("keras_identity_cli.export", [
+        [f"--model_path={tmp_path / 'hw10.keras'}", f"--export_dir={tmp_path / 'a'}"],
+        [f"--model_path={tmp_path / 'hw10_pixels.keras'}", f"--export_dir={tmp_path / 'b'}",
+         "--warmup=false"]])
+    assert refused == 2 and len(error_lines(stderr)) == 1 and \
+        "include_preprocessing=True" in stderr and "--preprocessing" in stderr
+    assert not (tmp_path / "a").exists()
+    assert ok == 0, err[-2000:]
+    data = ki.data.load_dataset("mnist")
+    images, labels = data.x_test[:300], data.y_test[:300]
+    served = tf.saved_model.load(str(tmp_path / "b" / "1")).signatures["serving_bytes"](
+        image_bytes=tf.constant([encode_png(i) for i in images]))
+    preset = ki.models.highway_net(10, weights="mnist").predict(images / 255.0, verbose=0)
+    np.testing.assert_allclose(served["probabilities"].numpy(), preset, atol=1e-5)
+    assert np.mean(np.argmax(preset, -1) != labels) < 0.02
 
 
 def _assert_bytes_served_as_crop(version_dir, model_path, resize, crop):
@@ -202,7 +247,7 @@ def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_p
         "has no fixed height and width; give the size of the images served with "
         "--image_size")
     result = run_module("export.export_saved_model", model_path, "--image_size=40",
-                        "--eval_resize=48", f"--export_dir={tmp_path / 's'}")
+                        "--eval_resize=48", f"--export_dir={tmp_path / 's'}", "--raw_pixels")
     assert result.returncode == 0, result.stderr[-2000:]
     # Shorter side (50) to 48, then the central 40x40.
     _assert_bytes_served_as_crop(tmp_path / "s" / "1", tmp_path / "any.keras", resize=48,
@@ -215,7 +260,8 @@ def test_eval_resize_alone_applies_to_a_fixed_size_model_without_preprocessing_f
 
     ki.models.resnet(depth=8, dataset="cifar10").save(tmp_path / "fixed.keras")
     result = run_module("export.export_saved_model", f"--model_path={tmp_path / 'fixed.keras'}",
-                        "--eval_resize=40", f"--export_dir={tmp_path / 's'}")
+                        "--eval_resize=40", f"--export_dir={tmp_path / 's'}",
+                        "--raw_pixels")
     assert result.returncode == 0, result.stderr[-2000:]
     _assert_bytes_served_as_crop(tmp_path / "s" / "1", tmp_path / "fixed.keras", resize=40,
                                  crop=32)
@@ -585,11 +631,15 @@ def test_bad_version_directory_and_port_in_use_are_one_line(local_server, tmp_pa
     broken = tmp_path / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "1" / "saved_model.pb").write_bytes(b"not a protobuf")
-    result = run_module("export.serve_local", f"--model_base_path={broken}",
-                        "--rest_api_port=0", "--port=0", timeout=120)
-    assert result.returncode == 2
-    assert "is not a loadable SavedModel" in result.stderr.splitlines()[-1]
-    busy = run_module("export.serve_local", f"--model_base_path={base}",
-                      f"--rest_api_port={port}", "--port=0", timeout=120)
-    assert busy.returncode == 2
-    assert f"cannot listen on 127.0.0.1:{port} (--rest_api_port)" in busy.stderr
+    (code, stderr), (busy, busy_err), (control, control_err) = run_refusals(
+        "keras_identity_cli.serve", [
+            [f"--model_base_path={broken}", "--rest_api_port=0", "--port=0"],
+            [f"--model_base_path={base}", f"--rest_api_port={port}", "--port=0"],
+            [f"--model_base_path={base}\x01", "--rest_api_port=0", "--port=0"]], timeout=180)
+    assert code == 2
+    assert "is not a loadable SavedModel" in error_lines(stderr)[-1]
+    assert busy == 2
+    assert f"cannot listen on 127.0.0.1:{port} (--rest_api_port)" in busy_err
+    assert control == 2 and error_lines(control_err) == [
+        f"error: model_base_path={str(base) + chr(1)!r} holds a control character ('\\x01' "
+        f"at position {len(str(base))}); expected a path without control characters"]

@@ -198,9 +198,11 @@ def _fake_run(run_dir, model, arguments, configuration):
     run_dir.mkdir()
     model.save(run_dir / "model.keras")
     card = {"configuration": configuration, "model": model.name, "builder": "highway_net",
-            "arguments": arguments, "model_file": "model.keras"}
+            "arguments": arguments, "model_file": "model.keras", "recipe": {"steps": 10},
+            "sha256": file_sha256(run_dir / "model.keras")}
     (run_dir / "model_card.json").write_text(json.dumps(card))
     (run_dir / "model_card.md").write_text("# card\n")
+    (run_dir / "run.json").write_text(json.dumps({"length": {"total_steps": 10}}))
 
 
 def test_register_replaces_a_preset_of_the_same_name_and_arguments(tmp_path):
@@ -218,8 +220,10 @@ def test_register_replaces_a_preset_of_the_same_name_and_arguments(tmp_path):
     assert sorted(os.listdir(registry)) == sorted(
         [first.file, first.file[:-6] + ".md", other.file, other.file[:-6] + ".md",
          "presets.json"])
-    for bad in ("a/b", "x.keras", ""):
-        with pytest.raises(ValueError, match=r"weights=.* is not valid; expected a name"):
+    for bad in ("a/b", "x.keras", "", "a b", "..", "x\ny", "MNIST", "x\x00y", "1st", None):
+        with pytest.raises(ValueError, match=r"^weights=.* is not valid; expected a name of "
+                                             r"lowercase letters, digits and '_' starting "
+                                             r"with a letter"):
             pretrained.register(str(tmp_path / "a"), bad, str(registry))
     with pytest.raises(ValueError, match=r"has no model_card.json: run its "
                                          r"keras-identity-train command to the end first"):
@@ -245,3 +249,54 @@ def test_a_card_gives_the_papers_error_of_a_named_configuration():
         None, "the lecture notes give the MNIST ResNet's architecture, not a test error")
     assert model_card.paper_error("resnet", {"depth": 8, "dataset": "cifar10"}) == (
         None, "the papers report no test error for this network")
+
+
+def test_register_names_the_file_or_argument_it_cannot_use(tmp_path):
+    """A damaged card or run.json, a registry folder that is a file, and a
+    registry whose presets.json is damaged or missing: one line each, naming
+    the file and the argument."""
+    _fake_run(tmp_path / "a", ki.models.highway_net(4, width=8), {"depth": 4, "width": 8},
+              None)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=rf"^directory='{a_file}' is a file; expected the "
+                                         rf"folder of a registry"):
+        pretrained.register(str(tmp_path / "a"), "x", str(a_file))
+    card = (tmp_path / "a" / "model_card.json").read_text()
+    (tmp_path / "a" / "model_card.json").write_text(card[:20])
+    with pytest.raises(ValueError, match=rf"^run_dir='{tmp_path / 'a'}': "
+                                         rf"{tmp_path / 'a' / 'model_card.json'} is not "
+                                         rf"readable JSON \("):
+        pretrained.register(str(tmp_path / "a"), "x", str(tmp_path / "registry"))
+    (tmp_path / "a" / "model_card.json").write_text(card)
+    (tmp_path / "a" / "run.json").unlink()
+    with pytest.raises(ValueError, match=r"has no run.json: run its keras-identity-train"):
+        pretrained.register(str(tmp_path / "a"), "x", str(tmp_path / "registry"))
+    (tmp_path / "a" / "run.json").write_text(json.dumps({"length": {"total_steps": 10}}))
+    registry = tmp_path / "registry"
+    pretrained.register(str(tmp_path / "a"), "x", str(registry))
+    assert [p.weights for p in pretrained.presets(str(registry))] == ["x"]
+    (registry / "presets.json").write_text('[{"weights": "x", ')
+    with pytest.raises(ValueError, match=rf"^directory='{registry}': "
+                                         rf"{registry / 'presets.json'} is not a readable "
+                                         rf"registry \(JSONDecodeError: "):
+        pretrained.presets(str(registry))
+    with pytest.raises(ValueError, match=rf"^directory='{tmp_path / 'none'}' does not "
+                                         rf"exist; expected the folder of a registry"):
+        pretrained.presets(str(tmp_path / "none"))
+    with pytest.raises(ValueError, match=r"^directory=.* holds a control character"):
+        pretrained.presets(str(tmp_path) + "/x\x01y")
+    assert pretrained.presets(str(tmp_path / "a")) == []   # a folder without a registry
+
+
+def test_a_dense_preset_takes_its_own_input_size_only_also_without_its_top():
+    """A fully connected net's first layer is sized by its input: another
+    input_shape is refused in one line naming the size that fits."""
+    with pytest.raises(ValueError, match=r"^weights='mnist': input_shape=\(64, 64, 1\) is "
+                                         r"not valid for the preset highway_net\(depth=50, "
+                                         r"dataset='mnist', weights='mnist'\); expected "
+                                         r"input_shape=\(28, 28, 1\)"):
+        ki.models.highway_net(50, weights="mnist", include_top=False, input_shape=(64, 64, 1))
+    backbone = ki.models.highway_net(50, weights="mnist", include_top=False,
+                                     input_shape=(28, 28, 1))
+    assert backbone.output_shape == (None, 50)

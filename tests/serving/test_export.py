@@ -262,14 +262,25 @@ def test_keras_model_export_matches_predict_in_a_fresh_process(build, shape, tmp
                                model.predict(images, verbose=0), atol=2e-5)
 
 
-def test_a_model_without_preprocessing_exports_its_pixels_unchanged(tmp_path, rng):
+def test_a_model_without_preprocessing_is_refused_unless_it_takes_raw_pixels(tmp_path, rng):
+    """No preprocessing layer and no normalisation given: the pixel signatures
+    would feed 0-255 values to a model trained on normalised inputs, so the
+    export is refused, writing nothing, unless ``raw_pixels`` says the model
+    takes pixels as they are."""
     model = ki.models.highway_net(10)
+    with pytest.raises(ValueError, match=r"^the model has no preprocessing layer and no "
+                                         r"preprocessing was given \(--preprocessing\), so the "
+                                         r"pixel signatures would feed it pixel values in "
+                                         r"\[0, 255\] unnormalised; build it with "
+                                         r"include_preprocessing=True"):
+        export_saved_model(model, str(tmp_path))
+    assert os.listdir(tmp_path) == []
     images = rng.integers(0, 256, (2, 28, 28, 1)).astype(np.uint8)
-    version = export_saved_model(model, str(tmp_path))
+    version = export_saved_model(model, str(tmp_path), raw_pixels=True)
     out = ServingEmulator(version).run("serving_uint8", {"images": images})
     np.testing.assert_allclose(out["probabilities"],
                                model.predict(images.astype(np.float32), verbose=0), atol=1e-5)
-    assert "feed pixel values in [0, 255]" in (
+    assert "feeds it pixel values in [0, 255]" in (
         tmp_path / "1" / "assets.extra" / "inputs.txt").read_text()
 
 

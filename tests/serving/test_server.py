@@ -109,6 +109,10 @@ def test_a_chunked_body_predicts_as_its_content_length_twin(port):
     (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", chunked(BODY), 501,
      ["'chunked, chunked'"]),
     (b"", b"", 411, ["needs a Content-Length header", "Transfer-Encoding: chunked"]),
+    # A valid size over the limit, however many digits it has: 413, not "not valid".
+    (b"Content-Length: 1000000000000\r\n", b"", 413,
+     ["Content-Length 1000000000000 is over the server's limit of 4096 bytes"]),
+    (b"Content-Length: 4097\r\n", b"", 413, ["over the server's limit of 4096 bytes"]),
 ])
 def test_ambiguous_framing_is_refused_in_one_line_and_the_connection_closed(
         port, headers, body, code, words):
@@ -223,3 +227,36 @@ def test_body_framing_strips_only_spaces_and_tabs_from_transfer_encoding(value):
     assert raised.value.code == 501 and "is not implemented" in raised.value.message
     headers.replace_header("Transfer-Encoding", " \tchunked\t ")
     assert server_lib.body_framing(headers, LIMIT) == "chunked"
+
+
+@pytest.mark.parametrize("request_bytes, code, words", [
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, ["URI Too Long"]),
+    (b"GET /v1/models/m HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(10_000))
+     + b"\r\n", 431, ["Too many headers"]),
+    (b"GET /v1/models/m HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431,
+     ["Line too long"]),
+    (b"BREW /v1/models/m HTTP/1.1\r\n\r\n", 501, ["Unsupported method ('BREW')"]),
+])
+def test_http_servers_own_refusals_are_the_one_line_json_error(port, request_bytes, code,
+                                                                words):
+    """What http.server refuses before the handler runs gets the server's
+    documented one-line JSON error, not http.server's HTML page."""
+    status, headers, answer = exchange(port, request_bytes)
+    assert status == code and headers["content-type"] == "application/json", answer
+    assert headers["connection"] == "close"
+    assert set(answer) == {"error"} and "\n" not in answer["error"]
+    for word in words:
+        assert word in answer["error"], answer["error"]
+
+
+@pytest.mark.parametrize("body, words", [
+    (b'{"instances": [[true, 2.0]]}', "the JSON value true is not valid input; expected "
+                                      "numbers"),
+    (b'{"inputs": [[1.0, false]]}', "the JSON value false is not valid input; expected "
+                                    "numbers"),
+    (b'{"instances": [["a", 2.0]]}', "the JSON values cannot be converted to float32"),
+])
+def test_booleans_are_refused_as_strings_are(port, body, words):
+    code, _, answer = exchange(port, PREDICT + b"Content-Length: %d\r\n\r\n" % len(body)
+                               + body)
+    assert code == 400 and answer == {"error": words}
