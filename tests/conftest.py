@@ -31,6 +31,23 @@ def _fresh_keras_state():
     set_op_determinism(False)
 
 
+@pytest.fixture(autouse=True)
+def _no_pytorch_in_the_test_process():
+    """PyTorch runs in processes of its own in this suite (the PyTorch
+    references of experiments/ and benchmarks/ are programs, and their tests
+    start them): imported beside TensorFlow, ``torch.optim`` loads
+    torch._dynamo and Triton, which crashed a pytest-xdist worker with a
+    segmentation fault.  A test that imports it fails here, by name."""
+    import sys
+
+    before = "torch" in sys.modules
+    yield
+    if not before and "torch" in sys.modules:
+        pytest.fail("this test imported PyTorch into the test process; run the PyTorch side "
+                    "in a process of its own (see tests/experiments/torch_resnet20_probe.py)",
+                    pytrace=False)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

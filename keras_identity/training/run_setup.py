@@ -93,6 +93,19 @@ class RunSetup:
         return self._streams(training=False, eval_crop=eval_crop)[1]
 
 
+def resolve_plan(config, num_train):
+    """``config``'s recipe resolved into its :class:`~keras_identity.recipes.RunPlan`
+    for ``num_train`` training images: the one resolution of a run's
+    schedule (its depth's warm-up, its batch and learning rate), for a
+    training run, a search's trial (its values applied to ``config``) and
+    the retraining of the best trial alike."""
+    return recipes.resolve(
+        config.get_recipe(), num_train=num_train, batch_size=config.batch_size,
+        depth=config.resolved_depth, learning_rate=config.learning_rate,
+        epochs=config.epochs, train_steps=config.train_steps,
+        steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
+
+
 def set_up(config, strategy=None, *, validation_split=None, check_strategy=None):
     """``config`` resolved into a :class:`RunSetup` (``strategy``: one already
     made; ``validation_split``: that fraction of the training set held out and
@@ -112,11 +125,7 @@ def set_up(config, strategy=None, *, validation_split=None, check_strategy=None)
     data = full_data if validation_split is None else full_data.with_validation_split(
         validation_split, seed=config.seed)
     recipe = config.get_recipe()
-    plan = recipes.resolve(
-        recipe, num_train=data.num_train, batch_size=config.batch_size,
-        depth=config.resolved_depth, learning_rate=config.learning_rate,
-        epochs=config.epochs, train_steps=config.train_steps,
-        steps_per_epoch=config.steps_per_epoch, warmup_steps=config.warmup_steps)
+    plan = resolve_plan(config, data.num_train)
     check_global_batch(plan, strategy)
     normalization = make_normalization(
         config.normalization or recipe.normalization, data)

@@ -152,37 +152,28 @@ def describe_values(values):
 SEARCH_FILE = "search.json"
 
 
-def search_identity(search, data, recipe):
-    """What a search directory's trials depend on: its space, trial length,
-    validation split, model, data and recipe (``max_trials`` may grow: more
-    trials of the same search)."""
-    config = search.train
+def search_identity(search, setup):
+    """What a search directory's trials depend on: the identity of a
+    training run of the search's configuration
+    (:func:`keras_identity.training.run_files.run_identity`, on ``setup``, the
+    search's :class:`~keras_identity.training.run_setup.RunSetup`: every flag
+    that changes what a step computes, by the same list a run's resume
+    checks) and the search's own settings: its space, tuner, objective,
+    trial length and validation split (``max_trials`` may grow: more trials
+    of the same search)."""
     space = search.space
 
     def dimension(name):
         values = dimension_values(name, space.get(name, ()))
         return values.describe() if isinstance(values, Range) else list(values)
 
-    return {
-        "tuner": search.tuner,
-        "gate_biases": dimension("gate_bias_init"),
-        "learning_rates": dimension("learning_rate"),
-        "weight_decays": dimension("weight_decay"),
-        "depths": dimension("depth"),
-        "momentums": dimension("momentum"),
-        "lr_decays": dimension("lr_decay"),
-        "activations": dimension("activation"),
-        "objective": search.objective,
-        "epochs": config.epochs, "validation_split": search.validation_split,
-        "model": config.model, "model_kwargs": config.identity_arguments(),
-        "dataset": config.dataset, "data_dir": data.fingerprint,
-        "train_examples": config.train_examples, "recipe": recipe.name,
-        "batch_size": config.batch_size, "precision": config.precision,
-        "seed": config.seed, "normalization": config.normalization,
-        "augmentation": config.augmentation, "learning_rate": config.learning_rate,
-        "momentum": config.momentum, "weight_decay": config.weight_decay,
-        "lr_decay": config.lr_decay, "warmup_steps": config.warmup_steps,
-        "steps_per_epoch": config.steps_per_epoch, "deterministic": config.deterministic}
+    identity = run_files.run_identity(search.train, setup.data, setup.recipe, setup.plan,
+                                      setup.normalization, setup.augmentation)
+    identity.update({FLAG_NAMES[name]: dimension(name) for name in DIMENSIONS})
+    identity.update({"tuner": search.tuner, "objective": search.objective,
+                     "epochs": search.train.epochs,
+                     "validation_split": search.validation_split})
+    return identity
 
 
 def check_same_search(directory, identity):

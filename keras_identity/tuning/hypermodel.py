@@ -22,6 +22,7 @@ from keras_identity import _checks
 from keras_identity.layers.residual import GATED_SHORTCUTS
 from keras_identity.models import registry
 from keras_identity.training import numerics
+from keras_identity.training import run_setup
 from keras_identity.training import trained_model
 from keras_identity.training.config import ConfigError
 
@@ -171,7 +172,8 @@ class TrainingHyperModel(keras_tuner.HyperModel):
     Args:
         config: a :class:`TrainConfig` naming the model, dataset and recipe.
         data: the :class:`ImageDataset` the models are built for.
-        recipe, plan: a trial's recipe and its :class:`~keras_identity.recipes.RunPlan`.
+        recipe, plan: the search's recipe and :class:`~keras_identity.recipes.RunPlan`
+            (its epochs and steps per epoch; each trial's own plan is :meth:`trial_plan`).
         space: dimension -> tuple of values or :class:`Range`; dimensions are
             ``gate_bias_init`` (b_g of gated ResNet shortcuts, b_T of highway layers),
             ``learning_rate``, ``momentum``, ``lr_decay`` (exponential-schedule recipes),
@@ -218,6 +220,16 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         ``keras_identity.models.registry.kwargs_from_flags``)."""
         return apply_values(self.config, self.declare(hp))
 
+    def trial_plan(self, config):
+        """The :class:`~keras_identity.recipes.RunPlan` of the trial config
+        ``config`` (:meth:`trial_config`): its recipe resolved with its
+        values (depth, learning rate, batch) as ``keras-identity-train``
+        resolves a run's (:func:`keras_identity.training.run_setup.resolve_plan`),
+        on the search's training split: a trial at depth 110 of the ``cifar``
+        recipe warms up as a run at depth 110 does, whatever the
+        configuration's depth."""
+        return run_setup.resolve_plan(config, self.data.num_train)
+
     def build(self, hp):
         """The trial's model, compiled, built from the seed: the dtype
         policy, the seeds (Python's, NumPy's, the backend's and Keras's
@@ -228,9 +240,7 @@ class TrainingHyperModel(keras_tuner.HyperModel):
         dtype policy)."""
         config = self.trial_config(hp)
         numerics.setup_precision_and_seed(config.precision, config.seed, config.deterministic)
-        plan = self.plan
-        if config.learning_rate is not None:
-            plan = dataclasses.replace(plan, learning_rate=config.learning_rate)
+        plan = self.trial_plan(config)
         model = trained_model.build_model(config, self.data, seed=config.seed,
                                           normalization=self.normalization)
         recipe = config.get_recipe()

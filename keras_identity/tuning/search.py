@@ -91,7 +91,7 @@ def _run_search(search, print_fn, cleanup):
                                         normalization=setup.normalization)
         storage.check_path(config.model_dir)
         fresh = not storage.exists(storage.join(config.model_dir, SEARCH_FILE))
-        check_same_search(config.model_dir, search_identity(search, setup.full_data, recipe))
+        check_same_search(config.model_dir, search_identity(search, setup))
     except ConfigError:
         raise
     except (ValueError, storage.StorageError) as error:

@@ -1,5 +1,6 @@
 """benchmarks.run: the table, the JSON, the PyTorch rebuild and bad flags."""
 
+import importlib.util
 import json
 import platform
 import subprocess
@@ -111,7 +112,8 @@ def test_forward_flops_of_the_basic_nets():
 def test_pytorch_worker_imports_neither_tensorflow_nor_keras(tmp_path):
     # The reference runs in a process of its own, so that no TensorFlow or
     # Keras library (and none of their native code) shares it with PyTorch.
-    pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:   # not imported: see tests/conftest.py
+        pytest.skip("PyTorch is not installed")
     probe = ("import runpy, sys\n"
              "sys.argv = ['torch_resnet', '--depth=20', '--batch=2', '--steps=2', '--warmup=0',"
              " '--precision=bfloat16']\n"
@@ -150,14 +152,28 @@ def test_bad_flags_exit_with_one_line(args, words):
         assert word in last
 
 
+_TORCH_COUNTS = """
+import json, sys
+from benchmarks import torch_resnet
+print(json.dumps({depth: torch_resnet.count_parameters(torch_resnet.build(int(depth)))
+                  for depth in sys.argv[1:]}))
+"""
+
+
 def test_pytorch_rebuild_has_the_keras_parameter_count():
-    pytest.importorskip("torch")
-    from benchmarks import torch_resnet
-    for depth in (110, 164, 1001):
+    """PyTorch in a process of its own (never beside TensorFlow in a test
+    process: see tests/conftest.py)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("PyTorch is not installed")
+    depths = (110, 164, 1001)
+    done = subprocess.run([sys.executable, "-c", _TORCH_COUNTS, *map(str, depths)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    for depth in depths:
         keras_params = sum(int(w.numpy().size) for w in
                            ki.models.preact_resnet(depth, stage_mode="scan").trainable_weights)
-        model = torch_resnet.build(depth, expected_parameters=keras_params)
-        assert torch_resnet.count_parameters(model) == keras_params
+        assert counts[str(depth)] == keras_params
 
 
 def test_machine_table_shows_missing_values_and_failures():

@@ -1,26 +1,37 @@
 """experiments/torch_resnet20.py: the independent PyTorch ResNet-20 reads the
 same images as the package, has the package's parameter count, crops as the
-paper says, and resumes to the same weights as a straight run."""
+paper says, and resumes to the same weights as a straight run.
 
+The PyTorch side runs in a process of its own
+(``tests/experiments/torch_resnet20_probe.py``, once for the module): a test
+process may have TensorFlow loaded, beside which importing ``torch.optim``
+(torch._dynamo, Triton) crashed a pytest-xdist worker."""
+
+import importlib.util
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import REPO
+from tests.conftest import SHARED
 
-from experiments import torch_resnet20  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="PyTorch is not installed")
 
 
-
-@pytest.fixture
-def small_archive(tmp_path_factory, shared_dir):
+@pytest.fixture(scope="module")
+def small_archive(tmp_path_factory):
     """4 training and 2 test JPEGs of each class, from the shared archive."""
+    if not os.path.isdir(SHARED):
+        pytest.skip("../shared is not beside the repository")
     keep = {}
-    with tarfile.open(os.path.join(shared_dir, "data", "cifar10-jpg.tar.gz")) as archive:
+    with tarfile.open(os.path.join(SHARED, "data", "cifar10-jpg.tar.gz")) as archive:
         for member in archive:
             parts = member.name.split("/")
             if member.isfile() and len(parts) == 3:
@@ -37,11 +48,26 @@ def small_archive(tmp_path_factory, shared_dir):
     return path
 
 
-def test_reads_the_images_the_package_reads(small_archive):
+@pytest.fixture(scope="module")
+def probe(small_archive, tmp_path_factory):
+    """The PyTorch side's results (its own process): ``(results, arrays)``."""
+    out = tmp_path_factory.mktemp("torch")
+    done = subprocess.run([sys.executable, "-m", "tests.experiments.torch_resnet20_probe",
+                           str(small_archive), str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["tensorflow_loaded"] is False
+    with np.load(out / "arrays.npz") as arrays:
+        return results, {split: (arrays[f"x_{split}"], arrays[f"y_{split}"])
+                         for split in ("train", "test")}
+
+
+def test_reads_the_images_the_package_reads(small_archive, probe):
     from keras_identity.data import datasets
     from keras_identity.data import decoding
 
-    ours = torch_resnet20.load_jpeg_archive(str(small_archive))
+    ours = probe[1]
     package = datasets.load_dataset("cifar10", data_dir=str(small_archive.parent))
     with tarfile.open(small_archive) as archive:
         files = {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}
@@ -59,55 +85,32 @@ def test_reads_the_images_the_package_reads(small_archive):
         np.testing.assert_array_equal(y, py.reshape(-1))
 
 
-def test_parameter_count_is_the_packages():
+def test_parameter_count_is_the_packages(probe):
     from keras_identity import models
 
     model = models.resnet(depth=20)
     keras_count = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    torch_count = sum(p.numel() for p in torch_resnet20.ResNet20().parameters())
-    assert torch_count == keras_count == 269_722
+    assert probe[0]["parameters"] == keras_count == 269_722
 
 
-def test_augment_is_a_pad4_crop_or_its_flip():
-    x = torch.randn(6, 3, 32, 32)
-    out = torch_resnet20.augment(x, torch.Generator().manual_seed(1))
-    padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
-    flipped = 0
-    for i in range(len(x)):
-        crops = [padded[i, :, r:r + 32, c:c + 32] for r in range(9) for c in range(9)]
-        plain = any(torch.equal(out[i], crop) for crop in crops)
-        mirrored = any(torch.equal(out[i], crop.flip(2)) for crop in crops)
-        assert plain or mirrored
-        flipped += mirrored and not plain
-    assert 0 < flipped < len(x)
+def test_augment_is_a_pad4_crop_or_its_flip(probe):
+    counts = probe[0]["augment"]
+    assert counts["other"] == 0 and 0 < counts["flipped"] < 6 and counts["plain"] > 0
 
 
-def test_learning_rate_schedule():
-    assert [torch_resnet20.learning_rate(s) for s in (0, 31_999, 32_000, 47_999, 48_000, 63_999)] \
-        == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
+def test_learning_rate_schedule(probe):
+    assert probe[0]["learning_rates"] == pytest.approx([0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
 
 
-def _run(archive, out, steps):
-    args = [f"--data={archive}", f"--output_dir={out}", "--batch_size=8",
-            f"--train_steps={steps}", "--checkpoint_epochs=1"]
-    assert torch_resnet20.main(args) == 0
-    return torch.load(out / "checkpoint.pt", weights_only=False)
-
-
-def test_resumed_run_ends_with_the_straight_runs_weights(small_archive, tmp_path):
+def test_resumed_run_ends_with_the_straight_runs_weights(probe):
     # 40 training images at batch 8: epochs of 5 steps; stop after 5, resume to 8.
-    straight = _run(small_archive, tmp_path / "straight", 8)
-    _run(small_archive, tmp_path / "resumed", 5)
-    resumed = _run(small_archive, tmp_path / "resumed", 8)
-    assert straight["step"] == resumed["step"] == 8
-    for name, value in straight["model"].items():
-        torch.testing.assert_close(resumed["model"][name], value, rtol=0, atol=0)
-    history = json.loads((tmp_path / "resumed" / "history.json").read_text())["history"]
-    assert [row["step"] for row in history] == [5, 8]
+    resume = probe[0]["resume"]
+    assert resume["steps"] == [8, 8]
+    assert resume["max_difference"] == 0.0
+    assert resume["history_steps"] == [5, 8]
 
 
-def test_missing_archive_is_one_line(tmp_path, capsys):
-    with pytest.raises(SystemExit) as stop:
-        torch_resnet20.main([f"--data={tmp_path}/nothing.tar.gz", f"--output_dir={tmp_path}"])
-    assert stop.value.code == 2
-    assert "--data=" in capsys.readouterr().err
+def test_missing_archive_is_one_line(probe):
+    missing = probe[0]["missing_archive"]
+    assert missing["code"] == 2
+    assert "--data=" in missing["stderr"]

@@ -61,10 +61,33 @@ def test_a_changed_search_space_is_refused_not_ignored(tmp_path):
             (dict(gate_biases=(0.0, -5.0)), {}, "gate_biases: [0.0, -1.0] != [0.0, -5.0]"),
             (dict(gate_biases=(0.0, -1.0)), dict(epochs=2), "epochs: 1 != 2"),
             (dict(gate_biases=(0.0, -1.0)), dict(train_examples=2000),
-             "train_examples: 3000 != 2000")]:
+             "train_examples: 3000 != 2000"),
+            # A run's flag the search's hand-written list had left out.
+            (dict(gate_biases=(0.0, -1.0)), dict(test_examples=500),
+             "test_examples: None != 500")]:
         search = search_config(tmp_path, max_trials=2, **kwargs)
         for key, value in train_kwargs.items():
             setattr(search.train, key, value)
         with pytest.raises(ConfigError) as error:
             run_search(search, print_fn=quiet)
         assert "holds another search" in str(error.value) and word in str(error.value)
+
+
+def test_a_searchs_identity_is_its_runs_identity_and_its_space(tmp_path):
+    """search.json holds every flag a training run's identity holds (one list,
+    run_files.run_identity), so a flag that changes a run changes the
+    search; and the search's own settings beside them."""
+    from keras_identity.training import run_files
+    from keras_identity.training import run_setup
+    from keras_identity.tuning.config import search_identity
+
+    search = search_config(tmp_path, gate_biases=(0.0, -1.0)).validate()
+    setup = run_setup.set_up(search.train, validation_split=search.validation_split)
+    identity = search_identity(search, setup)
+    run = run_files.run_identity(search.train, setup.data, setup.recipe, setup.plan,
+                                 setup.normalization, setup.augmentation)
+    assert {k: identity[k] for k in run} == run
+    assert set(identity) - set(run) == {
+        "gate_biases", "learning_rates", "momentums", "lr_decays", "activations",
+        "weight_decays", "depths", "tuner", "objective", "epochs", "validation_split"}
+    assert identity["gate_biases"] == [0.0, -1.0] and identity["depths"] == []

@@ -128,3 +128,34 @@ def test_bad_spaces_are_refused_in_one_line(config, space, words, mnist_small):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_a_depth_searchs_trials_get_the_plan_a_run_of_their_depth_resolves(tmp_path):
+    """The ``cifar`` recipe warms up at depths 110 and 1001 only: in a depth
+    search over 20 and 110, each trial trains the plan ``keras-identity-train``
+    resolves for its depth on the same data (the 110 trial with its warm-up
+    at 0.01, the 20 trial without), not the configuration's."""
+    import dataclasses
+
+    rng = np.random.default_rng(0)
+    data_file = tmp_path / "cifar-like.npz"
+    np.savez(data_file, x_train=rng.integers(0, 256, (128, 32, 32, 3), dtype=np.uint8),
+             y_train=np.arange(128) % 10, x_test=rng.integers(0, 256, (20, 32, 32, 3),
+                                                              dtype=np.uint8),
+             y_test=np.arange(20) % 10)
+    config = TrainConfig(model="resnet", depth=20, dataset="cifar10", data_dir=str(data_file),
+                         epochs=1, batch_size=32, model_dir=str(tmp_path / "tune"))
+    setup = run_setup.set_up(config, validation_split=0.25)
+    hypermodel = TrainingHyperModel(config, setup.data, setup.recipe, setup.plan,
+                                    space={"depth": (20, 110)},
+                                    normalization=setup.normalization)
+    for depth, warmup, first_rate in ((110, 3, 0.01 * 32 / 128), (20, 0, 0.1 * 32 / 128)):
+        hp = keras_tuner.HyperParameters()
+        hypermodel.declare(hp)
+        hp.values["depth"] = depth
+        program = run_setup.set_up(dataclasses.replace(config, depth=depth),
+                                   validation_split=0.25).plan
+        assert hypermodel.trial_plan(hypermodel.trial_config(hp)) == program
+        assert program.warmup_steps == warmup    # the 3 steps of the one epoch
+        model = hypermodel.build(hp)
+        assert float(model.optimizer.learning_rate) == pytest.approx(first_rate)
