@@ -6,6 +6,8 @@ import pytest
 
 import keras_identity as ki
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def crelu(x):
     return np.stack([np.maximum(x, 0), np.maximum(-x, 0)], axis=-1).reshape(

@@ -6,6 +6,8 @@ from keras_identity.recipes import get_recipe
 from keras_identity.recipes import resolve
 from keras_identity.training import schedules
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def lr_at(recipe, plan, steps):
     rate = schedules.from_recipe(recipe, plan)

@@ -15,6 +15,8 @@ import pytest
 from keras_identity import storage
 from keras_identity import store_clients
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 MISSING_BUCKET = "gs://nobucket-xyz"
 
 

@@ -3,6 +3,8 @@ import pytest
 
 from keras_identity.data import Normalization
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def test_per_pixel_mean(rng):
     images = rng.integers(0, 256, (20, 4, 4, 3)).astype(np.uint8)

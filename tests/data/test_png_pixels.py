@@ -17,6 +17,8 @@ from keras_identity.data import DataError
 from keras_identity.data import load_dataset
 from keras_identity.data.decoding import decode_image
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def _chunk(kind, body):
     return (struct.pack(">I", len(body)) + kind + body

@@ -2,8 +2,11 @@
 
 import keras
 import numpy as np
+import pytest
 
 import keras_identity as ki
+
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
 
 
 def test_pairs_are_neighbours_and_the_width_doubles():

@@ -6,6 +6,8 @@ import pytest
 from keras_identity import layers
 from tests.layers.layer_test import run_layer_test
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 # (layer, arguments, input shape, output shape, trainable, non-trainable weights)
 CASES = {
     "crelu": (layers.CReLU, {}, (2, 4, 4, 3), (2, 4, 4, 6), 0, 0),

@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 from keras_identity.layers import FusedBatchNormalization
 from tests.backend import tensorflow_only
 
-pytestmark = pytest.mark.core_leg
+pytestmark = [pytest.mark.core_leg, pytest.mark.quick]  # quick: the quick tier
 
 
 def _pair(**kwargs):

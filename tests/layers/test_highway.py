@@ -7,7 +7,7 @@ import keras_identity as ki
 from keras_identity.layers import Highway
 from keras_identity.layers import HighwayConv2D
 
-pytestmark = pytest.mark.core_leg
+pytestmark = [pytest.mark.core_leg, pytest.mark.quick]  # quick: the quick tier
 
 
 def _built(layer, shape):

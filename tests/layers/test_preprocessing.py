@@ -9,7 +9,7 @@ from keras_identity.layers import ImageNormalization
 from keras_identity.layers import find_preprocessing
 from keras_identity.layers import model_inputs
 
-pytestmark = pytest.mark.core_leg
+pytestmark = [pytest.mark.core_leg, pytest.mark.quick]  # quick: the quick tier
 
 
 @pytest.fixture

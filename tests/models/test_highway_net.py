@@ -7,7 +7,7 @@ from keras_identity.layers import Highway
 from keras_identity.layers import HighwayConv2D
 from keras_identity.models.highway_net import guideline_transform_bias
 
-pytestmark = pytest.mark.core_leg
+pytestmark = [pytest.mark.core_leg, pytest.mark.quick]  # quick: the quick tier
 
 
 def trainable(model):

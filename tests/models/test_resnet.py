@@ -8,6 +8,8 @@ import pytest
 import keras_identity as ki
 from keras_identity.layers import ResidualUnit
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def trainable(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)

@@ -14,7 +14,7 @@ tf = pytest.importorskip("tensorflow")  # keras_identity.serving.server: TensorF
 from tests.backend import backend_neutral  # noqa: E402
 
 # The local server's HTTP handling: TensorFlow, once (see tests/backend.py).
-pytestmark = [pytest.mark.needs_tensorflow, backend_neutral]
+pytestmark = [pytest.mark.needs_tensorflow, backend_neutral, pytest.mark.quick]
 
 PREDICT = b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\n"
 BODY = b'{"instances": [[1.0, 2.0], [3.0, 4.0]]}'

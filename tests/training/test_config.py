@@ -12,6 +12,8 @@ from keras_identity.training.config import ConfigError
 from keras_identity.training.config import TrainConfig
 from tests.backend import tensorflow_only
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def _small(tmp_path, **kwargs):
     base = dict(model="highway_net", depth=3, train_examples=256, test_examples=64,

@@ -1,7 +1,11 @@
 """The model card (keras_identity.training.model_card): the papers' numbers it
 quotes, and its Markdown."""
 
+import pytest
+
 from keras_identity.training import model_card
+
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
 
 
 def _card(**changes):

@@ -1,7 +1,10 @@
 import keras
 import numpy as np
+import pytest
 
 from keras_identity.training import MomentumSGD
+
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
 
 
 def test_matches_torch_sgd_with_coupled_weight_decay(rng):

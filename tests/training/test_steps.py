@@ -11,6 +11,8 @@ from keras_identity.training.steps import check_distributed_step
 from keras_identity.training.steps import resolve_steps_per_execution
 from keras_identity.training.steps import steps_per_execution_note
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def test_steps_per_execution_is_32_on_a_tpu_16_on_jax_and_divides_the_epoch_and_the_run():
     def plan(per_epoch, total):

@@ -5,7 +5,7 @@ from keras_identity.training import get_strategy
 from keras_identity.training import strategies
 from tests.backend import tensorflow_only
 
-pytestmark = [tensorflow_only, pytest.mark.core_leg]  # tf.distribute strategies (JAX: tests/training/test_jax_distribution.py)
+pytestmark = [tensorflow_only, pytest.mark.core_leg, pytest.mark.quick]  # tf.distribute strategies (JAX: tests/training/test_jax_distribution.py)
 
 
 def test_auto_on_a_cpu_machine_is_the_default_strategy():

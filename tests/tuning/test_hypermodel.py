@@ -12,6 +12,8 @@ from keras_identity.tuning import Range
 from keras_identity.tuning import TrainingHyperModel
 from keras_identity.tuning import parse_range
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 @pytest.fixture
 def mnist_small():

@@ -37,7 +37,7 @@ tf = pytest.importorskip("tensorflow")  # noqa: E402  (TensorFlow-only checks)
 from keras_identity.layers.residual import GATED_SHORTCUTS  # noqa: E402
 from keras_identity.layers.residual import shortcuts  # noqa: E402
 
-pytestmark = pytest.mark.core_leg
+pytestmark = [pytest.mark.core_leg, pytest.mark.quick]  # quick: the quick tier
 
 
 @pytest.mark.parametrize("shortcut", GATED_SHORTCUTS)

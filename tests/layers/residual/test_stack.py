@@ -21,6 +21,8 @@ from tests.combinations import BLOCKS
 from tests.combinations import ORDERING_SHORTCUT_BLOCK
 from tests.combinations import pairs
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
 

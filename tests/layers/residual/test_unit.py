@@ -9,6 +9,8 @@ from keras_identity.layers import ResidualUnit
 from keras_identity.layers.residual import SHORTCUTS
 from keras_identity.layers.residual import UNITS
 
+pytestmark = pytest.mark.quick  # the quick tier (docs/testing.md)
+
 
 def _unit(input_shape=(2, 6, 6, 8), **kwargs):
     layer = ResidualUnit(kwargs.pop("filters", input_shape[-1]), **kwargs)

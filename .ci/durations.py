@@ -1,0 +1,48 @@
+"""Markdown tables of a pytest log written with ``--durations=0`` (or
+``--durations=N``): the slowest tests (setup + call + teardown) and the time
+per test file (the sum of what the log lists).
+
+    python -m pytest -q -n auto --dist loadfile --durations=0 > tf.log
+    python .ci/durations.py tf.log [--top=40]
+"""
+
+import argparse
+import collections
+import re
+
+_LINE = re.compile(r"([\d.]+)s (setup|call|teardown)\s+(\S+?)::(\S.*)")
+
+
+def read(path):
+    tests = collections.Counter()
+    for line in open(path, errors="replace"):
+        match = _LINE.match(line.strip())
+        if match:
+            tests[(match[3], match[4])] += float(match[1])
+    return tests
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args()
+    tests = read(args.log)
+    if not tests:
+        raise SystemExit(f"{args.log}: no durations (run pytest with --durations=0)")
+    files = collections.Counter()
+    counts = collections.Counter()
+    for (file, _), seconds in tests.items():
+        files[file] += seconds
+        counts[file] += 1
+    print(f"{len(tests)} tests listed, {sum(tests.values()):,.0f} s of test time\n")
+    print(f"| slowest {args.top} tests | s |\n| --- | ---: |")
+    for (file, name), seconds in tests.most_common(args.top):
+        print(f"| `{file}::{name}` | {seconds:.1f} |")
+    print("\n| test file | tests | s |\n| --- | ---: | ---: |")
+    for file, seconds in files.most_common():
+        print(f"| `{file}` | {counts[file]} | {seconds:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
