@@ -122,16 +122,16 @@ def test_export_and_serve_without_tensorflow_serving_api(trained_run, tmp_path):
         server.wait(timeout=30)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model_path=/no/model.keras", "--export_dir=/tmp/x"], "does not exist"),
-    (["--export_dir=/tmp/x"], "--model_path"),
-])
 @backend_neutral
-def test_export_cli_bad_flags(args, message):
-    result = run_module("export.export_saved_model", *args)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert len([l for l in result.stderr.splitlines() if l.startswith("error")]) == 1
+def test_export_cli_bad_flags():
+    """Refusals of the program's logic: its run() once per case, in one
+    process (tests/programs.py)."""
+    cases = [(["--model_path=/no/model.keras", "--export_dir=/tmp/x"], "does not exist"),
+             (["--export_dir=/tmp/x"], "--model_path")]
+    for (args, message), (code, stderr) in zip(
+            cases, run_refusals("keras_identity_cli.export", [a for a, _ in cases])):
+        assert code != 0 and message in stderr, stderr[-1000:]
+        assert len(error_lines(stderr)) == 1, stderr[-1000:]
 
 
 def test_a_trained_model_alone_exports_and_serves_raw_pixels(trained_run, tmp_path):
@@ -241,14 +241,14 @@ def test_a_model_of_any_input_size_exports_with_image_size_and_eval_resize(tmp_p
     ki.models.resnet(depth=8, dataset="cifar10", input_shape=(None, None, 3),
                      include_preprocessing=False).save(tmp_path / "any.keras")
     model_path = f"--model_path={tmp_path / 'any.keras'}"
-    missing = run_module("export.export_saved_model", model_path,
-                         f"--export_dir={tmp_path / 'x'}")
-    assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith(
+    (missing, missing_err, _), (code, stderr, _) = run_cases("keras_identity_cli.export", [
+        [model_path, f"--export_dir={tmp_path / 'x'}"],
+        [model_path, "--image_size=40", "--eval_resize=48", f"--export_dir={tmp_path / 's'}",
+         "--raw_pixels"]])
+    assert missing == 2 and error_lines(missing_err)[-1].endswith(
         "has no fixed height and width; give the size of the images served with "
         "--image_size")
-    result = run_module("export.export_saved_model", model_path, "--image_size=40",
-                        "--eval_resize=48", f"--export_dir={tmp_path / 's'}", "--raw_pixels")
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert code == 0, stderr[-2000:]
     # Shorter side (50) to 48, then the central 40x40.
     _assert_bytes_served_as_crop(tmp_path / "s" / "1", tmp_path / "any.keras", resize=48,
                                  crop=40)
@@ -278,29 +278,29 @@ def test_image_size_contradicting_the_preprocessing_file_is_refused(tmp_path):
     save_preprocessing(tmp_path / "preprocessing.json", dataset="cifar10",
                        normalization=Normalization("scale"), image_shape=(48, 48, 3),
                        class_names=[str(i) for i in range(10)], eval_resize=56)
-    for flag, message in (("--image_size=40", "--image_size=40 contradicts the preprocessing "
-                           "file's image_shape (48, 48, 3); drop one of them"),
-                          ("--eval_resize=64", "--eval_resize=64 contradicts the preprocessing "
-                           "file's eval_resize 56; drop one of them")):
-        result = run_module("export.export_saved_model",
-                            f"--model_path={tmp_path / 'model.keras'}", flag,
-                            f"--export_dir={tmp_path / 's'}")
-        assert result.returncode == 2, result.stderr[-500:]
-        assert result.stderr.strip().splitlines()[-1].endswith(message)
+    cases = (("--image_size=40", "--image_size=40 contradicts the preprocessing "
+              "file's image_shape (48, 48, 3); drop one of them"),
+             ("--eval_resize=64", "--eval_resize=64 contradicts the preprocessing "
+              "file's eval_resize 56; drop one of them"))
+    results = run_refusals("keras_identity_cli.export", [
+        [f"--model_path={tmp_path / 'model.keras'}", flag, f"--export_dir={tmp_path / 's'}"]
+        for flag, _ in cases])
+    for (_, message), (code, stderr) in zip(cases, results):
+        assert code == 2, stderr[-500:]
+        assert error_lines(stderr)[-1].endswith(message)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--image_size=40"], "--image_size=40 does not fit the model's input (32, 32, 3)"),
-    (["--image_size=0"], "--image_size=0 is not valid"),
-    (["--eval_resize=16"], "--eval_resize=16 is not valid; expected an integer >= the served "
-                           "image height 32"),
-])
 @backend_neutral
-def test_image_size_flags_that_do_not_apply_are_refused(trained_run, tmp_path, args, message):
-    result = run_module("export.export_saved_model",
-                        f"--model_path={trained_run / 'r8' / 'model.keras'}",
-                        f"--export_dir={tmp_path / 's'}", *args)
-    assert result.returncode == 2 and message in result.stderr, result.stderr[-500:]
+def test_image_size_flags_that_do_not_apply_are_refused(trained_run, tmp_path):
+    cases = [(["--image_size=40"], "--image_size=40 does not fit the model's input (32, 32, 3)"),
+             (["--image_size=0"], "--image_size=0 is not valid"),
+             (["--eval_resize=16"], "--eval_resize=16 is not valid; expected an integer >= the "
+                                    "served image height 32")]
+    results = run_refusals("keras_identity_cli.export", [
+        [f"--model_path={trained_run / 'r8' / 'model.keras'}",
+         f"--export_dir={tmp_path / 's'}", *args] for args, _ in cases])
+    for (_, message), (code, stderr) in zip(cases, results):
+        assert code == 2 and message in stderr, stderr[-500:]
     assert not (tmp_path / "s").exists()
 
 
@@ -383,14 +383,15 @@ def test_unreadable_model_files_are_named(trained_run, tmp_path):
     truncated.write_bytes((trained_run / "r8" / "model.keras").read_bytes()[:5000])
     text = tmp_path / "notes.keras"
     text.write_text("not a zip file")
-    for path, reason in ((truncated, "not a zip archive"), (text, "not a zip archive"),
-                         (trained_run / "r8", "a directory")):
-        result = _export(trained_run, f"--model_path={path}",
-                         f"--export_dir={tmp_path / 'out'}",
-                         f"--preprocessing={trained_run / 'r8' / 'preprocessing.json'}")
-        assert result.returncode == 2
-        lines = error_lines(result.stderr)
-        assert len(lines) == 1, result.stderr[-1500:]
+    cases = ((truncated, "not a zip archive"), (text, "not a zip archive"),
+             (trained_run / "r8", "a directory"))
+    results = run_refusals("keras_identity_cli.export", [
+        [f"--model_path={path}", f"--export_dir={tmp_path / 'out'}",
+         f"--preprocessing={trained_run / 'r8' / 'preprocessing.json'}"] for path, _ in cases])
+    for (path, reason), (code, stderr) in zip(cases, results):
+        assert code == 2
+        lines = error_lines(stderr)
+        assert len(lines) == 1, stderr[-1500:]
         assert f"not a readable .keras file: {path}" in lines[0]
         assert reason in lines[0] and "not found" not in lines[0]
     assert not (tmp_path / "out").exists()
@@ -404,20 +405,19 @@ def test_preprocessing_of_another_dataset_is_refused(trained_run, tmp_path):
     mnist = tmp_path / "mnist_preprocessing.json"
     save_preprocessing(str(mnist), dataset="mnist", normalization=Normalization("scale"),
                        image_shape=(28, 28, 1), class_names=[str(i) for i in range(10)])
-    result = _export(trained_run, f"--model_path={trained_run / 'r8' / 'model.keras'}",
-                     f"--export_dir={tmp_path / 'out'}", f"--preprocessing={mnist}")
-    assert result.returncode == 2
-    assert ("the preprocessing (dataset 'mnist', image_shape (28, 28, 1)) does not fit the "
-            "model's input (32, 32, 3)") in result.stderr
-    assert not (tmp_path / "out").exists()
     # Statistics other than the model's own: refused, not applied twice.
     other = tmp_path / "other_preprocessing.json"
     save_preprocessing(str(other), dataset="cifar10", normalization=Normalization("scale"),
                        image_shape=(32, 32, 3), class_names=[str(i) for i in range(10)])
-    result = _export(trained_run, f"--model_path={trained_run / 'r8' / 'model.keras'}",
-                     f"--export_dir={tmp_path / 'out'}", f"--preprocessing={other}")
-    assert result.returncode == 2
-    assert "normalises its inputs itself: pass no preprocessing" in result.stderr
+    (code, stderr), (code2, stderr2) = run_refusals("keras_identity_cli.export", [
+        [f"--model_path={trained_run / 'r8' / 'model.keras'}",
+         f"--export_dir={tmp_path / 'out'}", f"--preprocessing={path}"] for path in (mnist, other)])
+    assert code == 2
+    assert ("the preprocessing (dataset 'mnist', image_shape (28, 28, 1)) does not fit the "
+            "model's input (32, 32, 3)") in stderr
+    assert not (tmp_path / "out").exists()
+    assert code2 == 2
+    assert "normalises its inputs itself: pass no preprocessing" in stderr2
 
 
 @backend_neutral
