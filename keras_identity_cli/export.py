@@ -133,7 +133,7 @@ def main(argv):
             replayed = len(emulator.replay_warmup()) if FLAGS.warmup else 0
     except storage.StorageError as error:
         _cli.fail(error, 1)
-    print(f"inputs: {input_description(model, preprocessing, FLAGS.raw_pixels)}")
+    print(f"inputs: {input_description(model, preprocessing)}")
     kernels = cpu_kernels.describe()
     if kernels:
         print(kernels)

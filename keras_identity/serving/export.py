@@ -181,7 +181,7 @@ def _write_version(model, partial, preprocessing, *, top_k, model_name, warmup,
     archive.write_out(partial, verbose=False)
     os.makedirs(os.path.join(partial, "assets.extra"), exist_ok=True)
     with open(os.path.join(partial, "assets.extra", INPUTS_FILE), "w") as f:
-        f.write(signatures_lib.input_description(model, preprocessing, raw_pixels) + "\n")
+        f.write(signatures_lib.input_description(model, preprocessing) + "\n")
     if warmup:
         _, height, width, channels = model.input_shape
         shape = (preprocessing or {}).get("image_shape") or (224, 224)

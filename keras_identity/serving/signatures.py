@@ -79,8 +79,10 @@ def check_inputs(model, preprocessing=None, raw_pixels=False):
                          "takes pixel values as they are.")
 
 
-def input_description(model, preprocessing=None, raw_pixels=False):
-    """What the signatures feed ``model`` (one line, for the export log)."""
+def input_description(model, preprocessing=None):
+    """What the signatures feed ``model`` (one line, for the export log), of
+    a model :func:`check_inputs` passed: one with neither a preprocessing
+    layer nor a normalisation takes pixel values as they are (``raw_pixels``)."""
     from keras_identity.layers.preprocessing import find_preprocessing
 
     refused = ("; serving_default refuses (InvalidArgument) values that are not finite or "
@@ -93,10 +95,8 @@ def input_description(model, preprocessing=None, raw_pixels=False):
     if normalization is not None:
         return (f"the signatures apply the run's normalisation ({normalization.mode}) to "
                 f"pixel values in [0, 255]" + refused)
-    if raw_pixels:
-        return ("the model takes pixel values as they are (raw_pixels): every signature "
-                "feeds it pixel values in [0, 255] as float32" + refused)
-    return "the model has no preprocessing and was exported without raw_pixels: refused"
+    return ("the model takes pixel values as they are (raw_pixels): every signature "
+            "feeds it pixel values in [0, 255] as float32" + refused)
 
 
 def _value_checks(images):

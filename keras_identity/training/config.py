@@ -136,11 +136,6 @@ class TrainConfig:
             raise
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if self.data_dir:
-            try:
-                storage.check_path(self.data_dir, "data_dir")
-            except ValueError as error:
-                raise ConfigError(str(error)) from None
         if self.model_dir:
             try:
                 storage.check_path(self.model_dir)
