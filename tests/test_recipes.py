@@ -79,3 +79,36 @@ def test_default_recipes_and_bad_names():
         get_recipe("sgdr")
     with pytest.raises(ValueError, match="batch_size=0"):
         resolve(get_recipe("cifar"), num_train=10, batch_size=0)
+
+
+def test_cifar_cosine_warms_up_linearly_then_follows_the_cosine():
+    recipe = get_recipe("cifar_cosine")
+    s = resolve(recipe, num_train=50_000, depth=20)
+    # 40 epochs: a quarter of the cifar recipe's 64k iterations (41 epochs at 390 steps)
+    assert (s.total_steps, s.epochs, s.warmup_steps, s.warmup) == (15_600, 40, 780, "linear")
+    assert s.total_steps <= get_recipe("cifar").train_steps / 4
+    got = lr_at(recipe, s, [0, 390, 780, 780 + 7_410, 15_599, 15_600, 20_000])
+    t = 7_410 / (15_600 - 780)  # half-way through the cosine
+    expected = [0.01, 0.055, 0.1, 0.05 * (1 + np.cos(np.pi * t)), 0.0, 0.0, 0.0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-8)
+    # the warm-up applies at every depth, and scales with the batch as the cifar recipe's
+    assert resolve(recipe, num_train=50_000, depth=1001).warmup_steps == 780
+    big = resolve(recipe, num_train=50_000, batch_size=512)
+    assert (big.learning_rate, big.total_steps, big.warmup_steps) == (
+        pytest.approx(0.4), 40 * 97, 195)
+    np.testing.assert_allclose(lr_at(recipe, big, [0, 195]), [0.04, 0.4], rtol=1e-6)
+    cifar = get_recipe("cifar")
+    assert (recipe.augmentation, recipe.normalization) == (cifar.augmentation,
+                                                           cifar.normalization)
+    assert recipe.nesterov and recipe.weight_decay == 5e-4
+
+
+def test_the_cosine_schedule_round_trips_and_refuses_a_warmup_past_its_end():
+    rate = schedules.WarmupCosineDecay(0.2, 100, warmup_steps=10, warmup_rate=0.02)
+    again = schedules.WarmupCosineDecay.from_config(rate.get_config())
+    steps = [0, 5, 10, 55, 99, 100]
+    np.testing.assert_allclose([float(again(s)) for s in steps],
+                               [float(rate(s)) for s in steps])
+    np.testing.assert_allclose(float(rate(55)), 0.1, rtol=1e-6)
+    with pytest.raises(ValueError, match="warmup_steps=100 is not valid"):
+        schedules.WarmupCosineDecay(0.1, 100, warmup_steps=100)

@@ -275,8 +275,9 @@ class TrainConfig:
         unless the recipe decays its learning rate exponentially."""
         recipe = self.resolved_recipe
         if recipes_lib.get_recipe(recipe).schedule != "exponential":
+            schedule = recipes_lib.get_recipe(recipe).schedule
             raise ValueError(f"{name} applies to recipes with an exponential schedule "
-                             f"(highway_mnist); recipe {recipe!r} decays in steps.")
+                             f"(highway_mnist); recipe {recipe!r}'s schedule is {schedule}.")
 
     def get_recipe(self):
         """The recipe this configuration trains with (``lr_decay`` applied)."""

@@ -322,8 +322,9 @@ def _train(run, print_fn, started):
     print_fn(f"recipe {recipe.name}: global batch {plan.batch_size}, lr "
              f"{plan.learning_rate:g}, {plan.total_steps:,} steps "
              f"({plan.epochs} epochs of {plan.steps_per_epoch}), "
-             + (f"lr x{recipe.exponential_decay:g} per epoch" if recipe.schedule ==
-                "exponential" else f"lr drops at {list(plan.boundaries)}")
+             + {"exponential": f"lr x{recipe.exponential_decay:g} per epoch",
+                "cosine": "cosine annealing to 0"}.get(
+                 recipe.schedule, f"lr drops at {list(plan.boundaries)}")
              + f", warm-up {plan.warmup_steps}; "
              f"{strategies.describe(strategy)}, {config.precision}"
              f"{', XLA' if model.jit_compile else ''}{per_execution}, Keras backend "
