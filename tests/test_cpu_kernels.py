@@ -376,3 +376,31 @@ def test_onednn_avx512_reads_the_cpu_and_oneDNNs_cap(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_x86", lambda: False)  # e.g. aarch64's oneDNN
     assert not cpu_kernels.onednn_avx512(avx512)
     assert not cpu_kernels.onednn_below_avx512(frozenset({"avx2"}))
+
+
+def test_bfloat16_without_its_instructions_is_noticed(monkeypatch):
+    """A CPU with neither AVX512_BF16 nor AMX (AVX2 EPYC, Cascade Lake), or
+    oneDNN capped below them, gets the one line; the others none."""
+    monkeypatch.setattr(cpu_kernels, "_x86", lambda: True)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    cascade_lake = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                              "avx512_vnni"})
+    notice = cpu_kernels.bfloat16_notice(cascade_lake)
+    assert notice.startswith("note: --precision=mixed_bfloat16 on a CPU without bfloat16 "
+                             "instructions (this CPU has neither AVX512_BF16 nor AMX)")
+    assert "--precision=float32" in notice and "\n" not in notice
+    assert cpu_kernels.bfloat16_notice(frozenset({"avx2", "fma"})) is not None
+    for flags in ({"avx512_bf16"}, {"amx_bf16", "amx_tile"}):
+        assert cpu_kernels.bfloat16_notice(cascade_lake | flags) is None
+        for cap, noticed in [("AVX512_CORE", True), ("AVX2", True),
+                             ("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", False),
+                             ("ALL", False)]:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+            found = cpu_kernels.bfloat16_notice(cascade_lake | flags)
+            assert (found is not None) is noticed, (flags, cap)
+            if noticed:
+                assert f"oneDNN is capped at {cap}, below them" in found
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(cpu_kernels, "_x86", lambda: False)
+    assert cpu_kernels.bfloat16_notice(frozenset()) is None

@@ -40,6 +40,17 @@ PAPER_ERRORS = {
     "preact_resnet164_cifar100": (24.33, "He et al. 2016, Table 3"),
     "preact_resnet1001_cifar100": (22.71, "He et al. 2016, Table 3"),
 }
+# The shared JPEG copy of CIFAR-10 (quality 75, about 30 dB PSNR against the
+# originals; ../shared/data/cifar10-jpg.tar.gz), by its fingerprint.
+CIFAR10_JPEG = "sha256:85985c318441591b67723279a6e4b1e1f8abd0f2ca03a27ee9dd80d35f44945c"
+# Test errors (%) measured on other data than the papers', by configuration
+# and data fingerprint: the reference a card of a run on that data stands beside.
+DATA_REFERENCES = {
+    ("resnet20", CIFAR10_JPEG): (
+        12.63, "the paper's whole schedule (cifar recipe, 64k iterations) on this JPEG copy: "
+               "one run on an H200, docs/results/resnet20_cifar10_h200.md; an independent "
+               "PyTorch ResNet-20 on the same copy: 12.37%"),
+}
 # What the sources say where they give no test error, by builder and dataset.
 _FIG1 = "Srivastava et al. 2015 report the fully connected MNIST nets' training loss only " \
         "(Fig. 1)"
@@ -90,6 +101,13 @@ def paper_error(builder, arguments):
                                "the papers report no test error for this network")
 
 
+def data_reference(builder, arguments, fingerprint):
+    """``{"test_error", "source"}`` measured for this network on the data of
+    ``fingerprint`` where that is not the papers' (:data:`DATA_REFERENCES`), else None."""
+    found = DATA_REFERENCES.get((registry.configuration_name(builder, arguments), fingerprint))
+    return None if found is None else {"test_error": found[0] / 100, "source": found[1]}
+
+
 def make_card(config, result, *, command, machine):
     """The card of the complete run ``result`` (of
     :func:`keras_identity.training.train`) of ``config``."""
@@ -117,6 +135,7 @@ def make_card(config, result, *, command, machine):
         "test_error": last["test_error"], "test_loss": last["test_loss"],
         "train_loss": last["loss"],
         "paper_test_error": None if error is None else error / 100, "paper_source": source,
+        "data_reference": data_reference(builder, arguments, identity["data_dir"]),
         "command": command,
         "package": {"version": __version__, "commit": package_commit()},
         "backend": run.get("backend"), "precision": identity["precision"],
@@ -133,6 +152,7 @@ def render(card):
     paper = (f"{100 * card['paper_test_error']:.2f}% ({card['paper_source']})"
              if card["paper_test_error"] is not None else f"none ({card['paper_source']})")
     minutes = card["training_seconds"] / 60
+    reference = card.get("data_reference")
     # The named configuration heads the card: a twin (resnet52_mnist_plain)
     # builds a Keras model of its sibling's name.
     name = card["configuration"] or card["model"]
@@ -146,6 +166,8 @@ def render(card):
         f"| test error | **{100 * card['test_error']:.2f}%** on the {data['test_images']:,} "
         f"test images (test loss {card['test_loss']:.4f}) |",
         f"| paper | {paper} |",
+        *([f"| on this data | {100 * reference['test_error']:.2f}% "
+           f"({reference['source']}) |"] if reference else []),
         f"| data | {data['dataset']}: {data['source']} ({data['train_images']:,} train / "
         f"{data['test_images']:,} test images; {data['fingerprint']}) |",
         f"| recipe | {recipe['name']}: {recipe['description']} |",

@@ -44,3 +44,20 @@ def test_markdown_names_the_configuration_and_numbers():
     assert twin.startswith("# resnet52_mnist_plain (Keras model `resnet52_mnist`)\n")
     paper = model_card.render(_card(paper_test_error=0.0875, paper_source="Table 6"))
     assert "| paper | 8.75% (Table 6) |" in paper
+    assert "on this data" not in paper
+
+
+def test_a_cifar_card_on_the_jpeg_copy_stands_beside_that_copys_reference():
+    """On the shared JPEG copy of CIFAR-10 the paper's 8.75% is on other pixels:
+    the card quotes the paper schedule's error on this copy too."""
+    jpeg = model_card.CIFAR10_JPEG
+    reference = model_card.data_reference("resnet", {"depth": 20, "dataset": "cifar10"}, jpeg)
+    assert reference["test_error"] == pytest.approx(0.1263)
+    assert "12.37%" in reference["source"]
+    # other data, another network: none
+    assert model_card.data_reference("resnet", {"depth": 20}, "sha256:ab") is None
+    assert model_card.data_reference("preact_resnet", {"depth": 20}, jpeg) is None
+    text = model_card.render(_card(data_reference=reference, paper_test_error=0.0875,
+                                   paper_source="He et al. 2015, Table 6"))
+    assert "| paper | 8.75% (He et al. 2015, Table 6) |\n| on this data | 12.63% (the " \
+           "paper's whole schedule" in text
