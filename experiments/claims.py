@@ -153,6 +153,16 @@ CLAIMS = (
            "--report=veit_deletion_mnist_paper.md"),
           "2 nets x 20 epochs, about 1.3 PFLOP: 2-11 min on one GPU, about 9 h here "
           "(estimates)"),
+    Claim("veit_deletion_cifar", "Veit et al. 2016, Figs. 3 and 5 (lecture notes)",
+          "On CIFAR-10, deleting a single unit of a trained ResNet barely changes its test "
+          "error, except for the units that downsample; the error grows smoothly with the "
+          "units deleted.", "a figure: ResNet-110's single deletions near its error, the "
+          "downsampling units above it", "veit_deletion_cifar10.md",
+          ("experiments.veit_deletion_cifar", DATA),
+          "the CIFAR-10 presets (ResNet-20, original and pre-activation: 9 units each, "
+          "trained to the end on the JPEG copy), the 10,000 test images, 3 draws of k units",
+          None, "ResNet-110 trained to the end: about 5 PFLOP, 10-40 min on one GPU "
+          "(estimate)"),
     Claim("degradation", "He et al. 2015, Figs. 1, 4 and 6 (lecture notes)",
           "The degradation problem: a deeper plain net has the higher training error; its "
           "residual twin does not.", "CIFAR-10: plain-56 above plain-20 in training error "

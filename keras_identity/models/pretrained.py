@@ -361,6 +361,8 @@ def presets_table(directory=None):
         rows.append(
             f"| {p.configuration or card['model']} | `{p.call}` | {card['parameters']:,} | {100 * card['test_error']:.2f}% | "
             f"{'-' if paper is None else f'{100 * paper:.2f}%'} | {recipe['name']}, "
-            f"{recipe['epochs']} epochs, {card['training_seconds'] / 60:.0f} min on "
+            f"{recipe['epochs']} epochs, "
+            + ("" if card.get("precision", "float32") == "float32" else f"{card['precision']}, ")
+            + f"{card['training_seconds'] / 60:.0f} min on "
             f"{card['backend']} | `{card['command']}` |")
     return "\n".join(rows)

@@ -43,6 +43,22 @@ def test_veit_verdict_and_smoothness():
     assert rise == pytest.approx(0.05) and marks == pytest.approx({1: 0.03, 3: 0.11})
 
 
+def test_veit_cifar_verdict_keeps_the_downsampling_units_apart():
+    from experiments.veit_deletion_cifar import split
+    from experiments.veit_deletion_cifar import verdict
+
+    study = {"baseline": 0.10, "single": [0.11, 0.30, 0.12, None, 0.50, 0.13],
+             "changes_shape": [False, True, False, False, True, False]}
+    assert split(study) == ([0.11, 0.12, 0.13], [0.30, 0.50])
+    assert verdict(study) == ("reproduces: one unit that keeps the shape deleted costs +2.00 "
+                              "points on average (worst +3.00), a downsampling unit +30.00")
+    study["single"] = [0.11, 0.10, 0.12, None, 0.10, 0.13]
+    assert verdict(study).startswith("partly (the downsampling units cost no more)")
+    study["single"] = [0.20, 0.30, 0.25, None, 0.50, 0.15]
+    assert verdict(study).startswith("not at this depth: one unit that keeps the shape "
+                                     "deleted costs +10.00")
+
+
 def test_degradation_verdict_needs_gaps_beyond_sampling_noise():
     from experiments._verdicts import degradation_verdict as verdict
 
@@ -103,6 +119,9 @@ def test_looks_linear_verdict():
     ("veit_deletion", ["--weights=nosuch"], "--weights=nosuch is not valid: neither net has "
                                             "a preset of that name"),
     ("highway_gates", ["--weights=nosuch"], "--weights=nosuch is not valid; expected a preset"),
+    ("veit_deletion_cifar", ["--draws=0"], "--draws=0 is not valid; expected >= 1"),
+    ("veit_deletion_cifar", ["--weights=mnist"], "--weights=mnist is not valid: no residual "
+                                                 "net trained on CIFAR-10 has a preset"),
     ("veit_deletion", ["--train_steps=50"], "--train_steps=50 is not valid; expected a "
                                             "multiple of --interval=40"),
 ])

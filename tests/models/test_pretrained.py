@@ -13,8 +13,12 @@ import pytest
 import keras_identity as ki
 from keras_identity.data.fingerprints import file_sha256
 from keras_identity.models import pretrained
+from keras_identity.training import model_card
+from tests.conftest import SHARED
 
 SHIPPED = pretrained.presets()
+MNIST = [p for p in SHIPPED if p.card["data"]["dataset"] == "mnist"]
+CIFAR10 = [p for p in SHIPPED if p.card["data"]["dataset"] == "cifar10"]
 
 
 def _build(preset, **extra):
@@ -28,6 +32,15 @@ def mnist_test():
     return data.x_test.astype("float32") / 255.0, data.y_test
 
 
+@pytest.fixture(scope="module")
+def cifar10_test():
+    """The 10,000 test images of the shared JPEG copy of CIFAR-10, pixels in [0, 255]."""
+    if not os.path.isdir(SHARED):
+        pytest.skip("../shared is not beside the repository")
+    data = ki.data.load_dataset("cifar10", os.path.join(SHARED, "data"))
+    return np.asarray(data.x_test, dtype="float32"), np.asarray(data.y_test)
+
+
 @pytest.fixture
 def registry_copy(tmp_path, monkeypatch):
     """A copy of the package's registry that a test may damage."""
@@ -38,9 +51,9 @@ def registry_copy(tmp_path, monkeypatch):
 
 
 def test_the_registry_ships_the_mnist_presets_with_their_cards():
-    calls = {p.configuration: p for p in SHIPPED}
+    calls = {p.configuration: p for p in MNIST}
     assert {"highway10_mnist", "highway50_mnist"} <= set(calls)
-    for preset in SHIPPED:
+    for preset in MNIST:
         card = preset.card
         assert os.path.isfile(os.path.join(pretrained.PRESET_DIR, preset.file))
         assert os.path.isfile(os.path.join(pretrained.PRESET_DIR,
@@ -52,13 +65,45 @@ def test_the_registry_ships_the_mnist_presets_with_their_cards():
     assert calls["highway50_mnist"].card["parameters"] == 289_660
 
 
-@pytest.mark.parametrize("preset", SHIPPED, ids=[p.file for p in SHIPPED])
+@pytest.mark.parametrize("preset", MNIST, ids=[p.file for p in MNIST])
 def test_every_preset_scores_its_cards_test_error(preset, mnist_test):
     """On this backend, within 0.1 point of the error its training run measured."""
     x, y = mnist_test
     model = _build(preset)
     error = float(np.mean(np.argmax(model.predict(x, batch_size=1000, verbose=0), -1) != y))
     assert abs(error - preset.test_error) <= 0.001, (error, preset.test_error)
+
+
+def test_the_cifar10_presets_are_resnet20s_trained_on_the_jpeg_copy():
+    """The original (Fig. 4(a)) and the pre-activation (Fig. 4(e)) ResNet-20,
+    each trained to the end by keras-identity-train on ../shared/data."""
+    calls = {p.call: p for p in CIFAR10}
+    assert {"resnet(depth=20, dataset='cifar10', weights='cifar10')",
+            "preact_resnet(depth=20, dataset='cifar10', weights='cifar10')"} <= set(calls)
+    for preset in CIFAR10:
+        card = preset.card
+        assert card["data"]["fingerprint"] == model_card.CIFAR10_JPEG
+        assert (card["data"]["train_images"], card["data"]["test_images"]) == (50_000, 10_000)
+        assert card["command"].startswith("keras-identity-train ")
+        assert card["test_error"] <= 0.130, (preset.call, card["test_error"])
+    original = calls["resnet(depth=20, dataset='cifar10', weights='cifar10')"].card
+    assert original["parameters"] == 269_722  # option A shortcuts: no projection weights
+    assert original["paper_test_error"] == pytest.approx(0.0875)
+    assert original["data_reference"]["test_error"] == pytest.approx(0.1263)
+
+
+@pytest.mark.parametrize("preset", CIFAR10, ids=[p.file for p in CIFAR10])
+def test_every_cifar10_preset_scores_its_cards_test_error(preset, cifar10_test):
+    """On this backend, in float32 from pixels in [0, 255]
+    (include_preprocessing=True: the preset's per-pixel mean), within 0.2 point
+    of the error its training run measured on the same 10,000 JPEG test images."""
+    x, y = cifar10_test
+    model = _build(preset, include_preprocessing=True)
+    error = float(np.mean(np.argmax(model.predict(x, batch_size=500, verbose=0), -1) != y))
+    assert abs(error - preset.test_error) <= 0.002, (error, preset.test_error)
+    # without its top: the backbone, at any input size of its channels
+    backbone = _build(preset, include_top=False, pooling="avg", input_shape=(48, 40, 3))
+    assert backbone.output_shape == (None, 64)
 
 
 def test_a_preset_loads_as_a_backbone_and_with_its_preprocessing(mnist_test):
