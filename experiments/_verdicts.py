@@ -1,5 +1,5 @@
 """The verdicts of the lecture notes' claims (experiments.veit_deletion,
-.degradation, .looks_linear) on their measurements: pure functions, kept
+.veit_deletion_cifar, .degradation, .looks_linear) on their measurements: pure functions, kept
 apart from the programs, whose flags a test process must not define twice.
 """
 
@@ -26,6 +26,33 @@ def deletion_verdict(results):
     if res_cost > BARELY and plain_cost < COLLAPSE:
         return "contradicted at this scale: " + text
     return "partly: " + text
+
+
+def downsampling_split(study):
+    """Single-deletion errors of the units that keep the shape and of those
+    that downsample (their option-A or projection shortcut stays)."""
+    pairs = [(e, s) for e, s in zip(study["single"], study["changes_shape"]) if e is not None]
+    return [e for e, s in pairs if not s], [e for e, s in pairs if s]
+
+
+def cifar_deletion_verdict(study):
+    """Veit et al.'s single-deletion claim on CIFAR for one net: the units that
+    keep the shape cost at most :data:`BARELY` on average, and the downsampling
+    ones more than that, by more than :data:`BARELY` again (their Fig. 3)."""
+    keep, down = downsampling_split(study)
+    if not keep:
+        return "not measured: no unit that keeps the shape could be deleted"
+    base = study["baseline"]
+    cost = sum(keep) / len(keep) - base
+    down_cost = sum(down) / len(down) - base if down else None
+    text = (f"one unit that keeps the shape deleted costs {100 * cost:+.2f} points on average "
+            f"(worst {100 * (max(keep) - base):+.2f})"
+            + (f", a downsampling unit {100 * down_cost:+.2f}" if down else ""))
+    if cost <= BARELY and (down_cost is None or down_cost - cost > BARELY):
+        return "reproduces: " + text
+    if cost <= BARELY:
+        return "partly (the downsampling units cost about as much): " + text
+    return "not at this depth: " + text
 
 
 def mean_single_deletion(study):

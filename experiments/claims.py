@@ -161,8 +161,10 @@ CLAIMS = (
           ("experiments.veit_deletion_cifar", DATA),
           "the CIFAR-10 presets (ResNet-20, original and pre-activation: 9 units each, "
           "trained to the end on the JPEG copy), the 10,000 test images, 3 draws of k units",
-          None, "ResNet-110 trained to the end: about 5 PFLOP, 10-40 min on one GPU "
-          "(estimate)"),
+          ("experiments.veit_deletion_cifar", DATA, "--draws=10",
+           "--report=veit_deletion_cifar10_paper.md"),
+          "the same study with 10 draws, on a ResNet-110 preset trained to the end on a GPU "
+          "(experiments/device_presets.sh, registered as cifar10): " + _GPU_110),
     Claim("degradation", "He et al. 2015, Figs. 1, 4 and 6 (lecture notes)",
           "The degradation problem: a deeper plain net has the higher training error; its "
           "residual twin does not.", "CIFAR-10: plain-56 above plain-20 in training error "

@@ -23,6 +23,8 @@ from absl import flags
 from experiments import _cli
 from experiments import _report
 from experiments._verdicts import BARELY
+from experiments._verdicts import cifar_deletion_verdict
+from experiments._verdicts import downsampling_split
 from experiments._verdicts import smoothness
 
 FLAGS = flags.FLAGS
@@ -49,24 +51,30 @@ def cifar_presets(weights):
                   key=lambda p: (p.builder != "resnet", p.configuration))
 
 
+def key(preset):
+    """The preset's name in the report and the run directory."""
+    return preset.configuration or preset.card["model"]
+
+
 def label(preset):
+    """The preset's row label: its name and its unit (or plain twin)."""
     arguments = preset.arguments
     if arguments.get("shortcut_scale") == 0.0:
-        return f"{preset.configuration} (plain twin)"
+        return f"{key(preset)} (plain twin)"
     unit = "pre-activation, Fig. 4(e)" if preset.builder == "preact_resnet" else (
         "original, Fig. 4(a)")
-    return f"{preset.configuration} ({unit})"
+    return f"{key(preset)} ({unit})"
 
 
-def study(preset, x_test, y_test):
+def study(preset, x_test, y_test, data):
     """The deletion study of one preset, kept (``deletions.json``) with what
-    it was measured on: the same weights, images, draws and seed reuse it."""
+    it was measured on: the same weights, data, images, draws and seed reuse it."""
     import keras_identity as ki
     from keras_identity.storage import write_json
 
-    directory = os.path.join(FLAGS.run_dir, preset.configuration)
+    directory = os.path.join(FLAGS.run_dir, key(preset))
     cache = os.path.join(directory, "deletions.json")
-    measured_on = {"model": preset.sha256, "test_examples": len(y_test),
+    measured_on = {"model": preset.sha256, "data": data, "test_examples": len(y_test),
                    "draws": FLAGS.draws, "seed": FLAGS.seed}
     if os.path.exists(cache):
         with open(cache) as f:
@@ -83,44 +91,25 @@ def study(preset, x_test, y_test):
     return result
 
 
-def split(result):
-    """Single-deletion errors of the units that keep the shape and of those
-    that downsample (their option-A or projection shortcut stays)."""
-    keep = [e for e, s in zip(result["single"], result["changes_shape"])
-            if e is not None and not s]
-    down = [e for e, s in zip(result["single"], result["changes_shape"])
-            if e is not None and s]
-    return keep, down
-
-
-def verdict(result):
-    """Veit et al.'s single-deletion claim for one net: the units that keep
-    the shape cost at most :data:`BARELY` on average, the downsampling ones more."""
-    keep, down = split(result)
-    base = result["baseline"]
-    cost = sum(keep) / len(keep) - base
-    down_cost = sum(down) / len(down) - base if down else None
-    text = (f"one unit that keeps the shape deleted costs {100 * cost:+.2f} points on average "
-            f"(worst {100 * (max(keep) - base):+.2f})"
-            + (f", a downsampling unit {100 * down_cost:+.2f}" if down else ""))
-    if cost <= BARELY and (down_cost is None or down_cost > cost):
-        return "reproduces: " + text
-    if cost <= BARELY:
-        return "partly (the downsampling units cost no more): " + text
-    return "not at this depth: " + text
+def mean(values):
+    return sum(values) / len(values) if values else float("nan")
 
 
 def write_report(presets, results, n_images):
+    """The report: the claim, the verdict per net, the deletions, the figure."""
     import keras_identity as ki
 
     stem = os.path.splitext(FLAGS.report)[0]
     directory = FLAGS.report_dir or _report.RESULTS
-    verdicts = {p.configuration: verdict(results[p.configuration]) for p in presets}
+    names = [key(p) for p in presets]
+    verdicts = {n: cifar_deletion_verdict(results[n]) for n in names}
     summary = "; ".join(
-        f"{p.configuration}: {100 * results[p.configuration]['baseline']:.2f}% -> "
-        f"{100 * sum(split(results[p.configuration])[0]) / len(split(results[p.configuration])[0]):.2f}% "
-        f"with one shape-keeping unit deleted ({verdicts[p.configuration].split(':')[0]})"
-        for p in presets) + f"; {n_images:,} test images"
+        f"{n}: {100 * results[n]['baseline']:.2f}% -> "
+        f"{100 * mean(downsampling_split(results[n])[0]):.2f}% with one shape-keeping unit "
+        f"deleted ({verdicts[n].split(':')[0]})" for n in names) + (
+        f"; {n_images:,} test images")
+    sizes = ", ".join(f"{n}: {len(results[n]['units'])} units, "
+                      f"{sum(results[n]['changes_shape'])} of them downsample" for n in names)
     text = _report.header("Veit et al. (2016) on CIFAR-10: deleting units of trained ResNets",
                           summary=summary)
     text += (
@@ -133,33 +122,42 @@ def write_report(presets, results, n_images):
         f"on the first {n_images:,} images of the test split; a deleted unit outputs its "
         f"shortcut (F = 0: its input, or the option-A / projection shortcut of a "
         f"downsampling unit); {FLAGS.draws} random draws of k units for every k, seed "
-        f"{FLAGS.seed}. ResNet-20 has 9 units (2 of them downsample) against ResNet-110's 54: "
-        f"each unit is a larger share of the net. At this scale \"barely\" is at most "
-        f"{100 * BARELY:g} points on average, as in the MNIST study.\n\n")
+        f"{FLAGS.seed}. {sizes}, against ResNet-110's 54 units (2 downsample): each unit is "
+        f"a larger share of the net. At this scale \"barely\" is at most {100 * BARELY:g} "
+        f"points on average, as in the MNIST study, and a downsampling unit costs more when "
+        f"it costs {100 * BARELY:g} points more than that.\n\n")
     text += "**Verdicts**:\n\n" + "".join(
-        f"- {label(p)}: {verdicts[p.configuration]}.\n" for p in presets)
+        f"- {label(p)}: {verdicts[key(p)]}.\n" for p in presets)
     text += ("\n| net | test error | one shape-keeping unit deleted: mean | worst | "
              "a downsampling unit deleted | largest rise of the mean error from k to k+1 | "
              "mean error with k units deleted |\n| --- | --- | --- | --- | --- | --- | --- |\n")
     for p in presets:
-        s = results[p.configuration]
-        keep, down = split(s)
+        s = results[key(p)]
+        keep, down = downsampling_split(s)
         rise, marks = smoothness(s)
-        text += (f"| {label(p)} | {100 * s['baseline']:.2f}% | "
-                 f"{100 * sum(keep) / len(keep):.2f}% | {100 * max(keep):.2f}% | "
+        text += (f"| {label(p)} | {100 * s['baseline']:.2f}% | {100 * mean(keep):.2f}% | "
+                 f"{100 * max(keep, default=float('nan')):.2f}% | "
                  + (", ".join(f"{100 * e:.2f}%" for e in down) or "none") + " | "
                  f"{100 * rise:.2f} points | "
                  + ", ".join(f"k={k}: {100 * e:.1f}%" for k, e in marks.items()) + " |\n")
-    first = results[presets[0].configuration]
-    text += ("\n| unit | downsamples | " + " | ".join(f"{p.configuration}: error with it "
-                                                     f"deleted" for p in presets)
-             + " |\n| --- | --- |" + " --- |" * len(presets) + "\n")
-    for i, name in enumerate(first["units"]):
-        cells = [f"{100 * results[p.configuration]['single'][i]:.2f}%"
-                 if results[p.configuration]["single"][i] is not None else "kept"
-                 for p in presets]
-        text += (f"| {name} | {'yes' if first['changes_shape'][i] else ''} | "
-                 + " | ".join(cells) + " |\n")
+    # One row per unit name, in the order the nets have them.
+    units = []
+    for n in names:
+        units += [u for u in results[n]["units"] if u not in units]
+    text += ("\n| unit | " + " | ".join(f"{n}: error with it deleted" for n in names)
+             + " |\n| --- |" + " --- |" * len(names) + "\n")
+    for unit in units:
+        cells = []
+        for n in names:
+            s = results[n]
+            if unit not in s["units"]:
+                cells.append("-")
+                continue
+            i = s["units"].index(unit)
+            error = s["single"][i]
+            cells.append(("kept" if error is None else f"{100 * error:.2f}%")
+                         + (" (downsamples)" if s["changes_shape"][i] else ""))
+        text += f"| {unit} | " + " | ".join(cells) + " |\n"
     mnist = os.path.join(directory, MNIST_REPORT)
     mnist_summary = _report.read_header(mnist).get("summary") if os.path.exists(mnist) else None
     if mnist_summary:
@@ -169,8 +167,9 @@ def write_report(presets, results, n_images):
                  f"add Veit et al.'s own data, their downsampling units apart, and the "
                  f"original against the pre-activation unit.\n")
     figure = os.path.join(FLAGS.run_dir, f"{stem}.png")
-    ki.analysis.plot_deletions({label(p): results[p.configuration] for p in presets}, figure,
-                               title="CIFAR-10 ResNet-20s: units deleted")
+    os.makedirs(FLAGS.run_dir, exist_ok=True)
+    ki.analysis.plot_deletions({label(p): results[key(p)] for p in presets}, figure,
+                               title="CIFAR-10 ResNets: units deleted")
     text += "\n" + _report.copy_figure(figure, f"{stem}.png", directory) + "\n"
     text += ("\n## The presets\n\n| net | recipe | epochs | precision | test error (card) | "
              "command |\n| --- | --- | --- | --- | --- | --- |\n")
@@ -191,7 +190,8 @@ def main(argv):
     presets = cifar_presets(FLAGS.weights)
     if not presets:
         _cli.fail(f"--weights={FLAGS.weights} is not valid: no residual net trained on "
-                  f"CIFAR-10 has a preset of that name (ki.models.presets())", 2)
+                  f"CIFAR-10 has a preset of that name (ki.models.presets(); making one: "
+                  f"docs/presets.md)", 2)
     import numpy as np
 
     import keras_identity as ki
@@ -205,7 +205,7 @@ def main(argv):
     results = {}
     for p in presets:
         print(f"{label(p)}: deleting units", flush=True)
-        results[p.configuration] = study(p, x_test, y_test)
+        results[key(p)] = study(p, x_test, y_test, data.fingerprint)
     write_report(presets, results, len(y_test))
 
 

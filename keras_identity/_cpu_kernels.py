@@ -287,21 +287,27 @@ def training_notice():
             f"set {VARIABLE}=1 before they are imported (in a notebook, restart it)")
 
 
-def bfloat16_notice(flags=None):
-    """One line for ``mixed_bfloat16`` training on an x86 CPU without bfloat16
-    instructions (AVX512_BF16 or AMX-BF16, or oneDNN capped below them by
-    :func:`onednn_isa_cap`), where the convolutions convert to and from float32
-    and run slower than in float32; None elsewhere (such a CPU, or not x86)."""
+def bfloat16_notice(flags=None, tensorflow_kernels=None):
+    """One line for ``mixed_bfloat16`` training on an x86 CPU where bfloat16 is
+    emulated, slower than float32: a CPU without AVX512_BF16 and AMX-BF16;
+    or, on TensorFlow (``tensorflow_kernels``: :func:`kernels`' answer), its
+    Eigen kernels, or oneDNN capped below those instructions
+    (:func:`onednn_isa_cap`).  None elsewhere (also where the CPU's flags
+    cannot be read, or off x86)."""
     flags = cpu_flags() if flags is None else flags
-    if not _x86():
+    if not _x86() or not flags:
         return None
     cap = (onednn_isa_cap() or "").strip().upper()
-    capped = bool(cap) and not (cap.startswith(("AVX512_CORE_BF16", "AVX512_CORE_FP16",
-                                                 "AVX512_CORE_AMX", "AVX10")) or cap == "ALL")
-    if flags & {"avx512_bf16", "amx_bf16"} and not capped:
+    capped = cap not in ("", "ALL", "DEFAULT") and not cap.startswith((
+        "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10"))
+    if not flags & {"avx512_bf16", "amx_bf16"}:
+        why = "this CPU has neither AVX512_BF16 nor AMX"
+    elif tensorflow_kernels == "Eigen":
+        why = "TensorFlow runs its Eigen kernels, which do not use them"
+    elif tensorflow_kernels == "oneDNN" and capped:
+        why = f"oneDNN is capped at {cap}, below them"
+    else:
         return None
-    why = (f"oneDNN is capped at {cap}, below them" if capped and flags & {
-        "avx512_bf16", "amx_bf16"} else "this CPU has neither AVX512_BF16 nor AMX")
     return (f"note: --precision=mixed_bfloat16 on a CPU without bfloat16 instructions ({why}): "
             f"bfloat16 is emulated and trains slower than float32 here; --precision=float32 "
             f"is the faster choice on this CPU")

@@ -42,6 +42,7 @@ class Recipe:
     warmup_steps: int = 0             # at the reference batch size
     warmup_rate: float = None
     warmup: str = "constant"          # "constant" or "linear" (a ramp to the base rate)
+    warmup_fraction: float = 0.0      # a warm-up over this fraction of the run (any length)
     warmup_depths: tuple = ()         # depths the warm-up applies to (empty: all)
     large_batch_warmup_epochs: float = 0.0
     augmentation: str = "none"
@@ -59,12 +60,12 @@ RECIPES = {
     "cifar_cosine": Recipe(
         "cifar_cosine", "A fast CIFAR schedule (ours, from published parts): 40 epochs "
         "(a quarter of the paper's 64k iterations) of SGD 0.9 with Nesterov momentum, "
-        "batch 128, a linear warm-up from 0.01 to lr 0.1 over the first 2 epochs (Goyal et "
-        "al. 2017), then cosine annealing to 0 (Loshchilov & Hutter 2017, SGDR without "
+        "batch 128, a linear warm-up from 0.01 to lr 0.1 over the first 5% of the run (2 "
+        "epochs; Goyal et al. 2017), then cosine annealing to 0 (Loshchilov & Hutter 2017, SGDR without "
         "restarts; with warm-up as in He et al. 2019, Bag of Tricks), wd 5e-4 (Zagoruyko & "
         "Komodakis 2016's CIFAR value); the cifar recipe's augmentation and per-pixel mean",
         batch_size=128, learning_rate=0.1, nesterov=True, weight_decay=5e-4, epochs=40,
-        schedule="cosine", warmup_steps=780, warmup_rate=0.01, warmup="linear",
+        schedule="cosine", warmup_fraction=0.05, warmup_rate=0.01, warmup="linear",
         augmentation="cifar", normalization="per_pixel_mean"),
     "imagenet": Recipe(
         "imagenet", "He et al. 2015 ImageNet: SGD 0.9, wd 1e-4, batch 256, lr 0.1 /10 at "
@@ -160,15 +161,23 @@ def resolve(recipe, *, num_train, batch_size=None, depth=None, learning_rate=Non
     if total < 1:
         raise ValueError("the run has no training steps; raise --epochs or --train_steps.")
     lr = learning_rate if learning_rate is not None else recipe.learning_rate * scale
+    # The warm-up rate keeps the recipe's ratio to the run's rate (CIFAR: a tenth).
+    ratio = recipe.warmup_rate / recipe.learning_rate if recipe.warmup_rate else 0.1
     warmup, warmup_rate, kind = 0, lr, "constant"
     if warmup_steps is not None:
-        warmup, warmup_rate = int(warmup_steps), recipe.warmup_rate or lr * 0.1
+        warmup, warmup_rate, kind = int(warmup_steps), lr * ratio, recipe.warmup
+    elif recipe.warmup_fraction:
+        warmup = round(recipe.warmup_fraction * total)
+        warmup_rate, kind = lr * ratio, recipe.warmup
     elif recipe.warmup_steps and (not recipe.warmup_depths or depth in recipe.warmup_depths):
         warmup = max(1, round(recipe.warmup_steps / scale))
-        warmup_rate, kind = recipe.warmup_rate * scale, recipe.warmup
+        warmup_rate, kind = lr * ratio, recipe.warmup
     elif recipe.large_batch_warmup_epochs and scale > 1:
         warmup = round(recipe.large_batch_warmup_epochs * per_epoch)
         warmup_rate, kind = recipe.learning_rate, "linear"
+    if recipe.schedule == "cosine" and warmup >= total:
+        raise ValueError(f"warmup_steps={warmup} is not valid for recipe {recipe.name!r}; "
+                         f"expected fewer than the run's {total} steps.")
     boundaries = tuple(max(1, round(f * total)) for f in recipe.boundaries)
     return RunPlan(learning_rate=lr, total_steps=total, steps_per_epoch=per_epoch,
                     boundaries=boundaries, warmup_steps=min(warmup, total),

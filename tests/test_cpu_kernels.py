@@ -379,28 +379,35 @@ def test_onednn_avx512_reads_the_cpu_and_oneDNNs_cap(monkeypatch):
 
 
 def test_bfloat16_without_its_instructions_is_noticed(monkeypatch):
-    """A CPU with neither AVX512_BF16 nor AMX (AVX2 EPYC, Cascade Lake), or
-    oneDNN capped below them, gets the one line; the others none."""
+    """A CPU with neither AVX512_BF16 nor AMX (AVX2 EPYC, Cascade Lake), or on
+    TensorFlow its Eigen kernels or oneDNN capped below them, gets the one
+    line; the others none."""
+    notice = cpu_kernels.bfloat16_notice
     monkeypatch.setattr(cpu_kernels, "_x86", lambda: True)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     cascade_lake = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
                               "avx512_vnni"})
-    notice = cpu_kernels.bfloat16_notice(cascade_lake)
-    assert notice.startswith("note: --precision=mixed_bfloat16 on a CPU without bfloat16 "
-                             "instructions (this CPU has neither AVX512_BF16 nor AMX)")
-    assert "--precision=float32" in notice and "\n" not in notice
-    assert cpu_kernels.bfloat16_notice(frozenset({"avx2", "fma"})) is not None
+    for kernels in ("oneDNN", "Eigen", None):  # None: JAX's XLA
+        line = notice(cascade_lake, tensorflow_kernels=kernels)
+        assert line.startswith("note: --precision=mixed_bfloat16 on a CPU without bfloat16 "
+                               "instructions (this CPU has neither AVX512_BF16 nor AMX)")
+        assert "--precision=float32" in line and "\n" not in line
+    assert notice(frozenset({"avx2", "fma"}), tensorflow_kernels="oneDNN") is not None
     for flags in ({"avx512_bf16"}, {"amx_bf16", "amx_tile"}):
-        assert cpu_kernels.bfloat16_notice(cascade_lake | flags) is None
+        assert notice(cascade_lake | flags, tensorflow_kernels="oneDNN") is None
+        assert "its Eigen kernels" in notice(cascade_lake | flags, tensorflow_kernels="Eigen")
         for cap, noticed in [("AVX512_CORE", True), ("AVX2", True),
                              ("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", False),
-                             ("ALL", False)]:
+                             ("ALL", False), ("DEFAULT", False)]:
             monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-            found = cpu_kernels.bfloat16_notice(cascade_lake | flags)
+            found = notice(cascade_lake | flags, tensorflow_kernels="oneDNN")
             assert (found is not None) is noticed, (flags, cap)
             if noticed:
                 assert f"oneDNN is capped at {cap}, below them" in found
+            # JAX's XLA does not read oneDNN's cap
+            assert notice(cascade_lake | flags, tensorflow_kernels=None) is None
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert notice(frozenset(), tensorflow_kernels="oneDNN") is None  # flags not readable
     monkeypatch.setattr(cpu_kernels, "_x86", lambda: False)
-    assert cpu_kernels.bfloat16_notice(frozenset()) is None
+    assert notice(cascade_lake) is None

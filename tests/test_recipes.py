@@ -84,7 +84,7 @@ def test_default_recipes_and_bad_names():
 def test_cifar_cosine_warms_up_linearly_then_follows_the_cosine():
     recipe = get_recipe("cifar_cosine")
     s = resolve(recipe, num_train=50_000, depth=20)
-    # 40 epochs: a quarter of the cifar recipe's 64k iterations (41 epochs at 390 steps)
+    # 40 epochs: a quarter of the cifar recipe's 64k iterations; warm-up: 5% = 2 epochs
     assert (s.total_steps, s.epochs, s.warmup_steps, s.warmup) == (15_600, 40, 780, "linear")
     assert s.total_steps <= get_recipe("cifar").train_steps / 4
     got = lr_at(recipe, s, [0, 390, 780, 780 + 7_410, 15_599, 15_600, 20_000])
@@ -95,12 +95,29 @@ def test_cifar_cosine_warms_up_linearly_then_follows_the_cosine():
     assert resolve(recipe, num_train=50_000, depth=1001).warmup_steps == 780
     big = resolve(recipe, num_train=50_000, batch_size=512)
     assert (big.learning_rate, big.total_steps, big.warmup_steps) == (
-        pytest.approx(0.4), 40 * 97, 195)
-    np.testing.assert_allclose(lr_at(recipe, big, [0, 195]), [0.04, 0.4], rtol=1e-6)
+        pytest.approx(0.4), 40 * 97, 194)
+    np.testing.assert_allclose(lr_at(recipe, big, [0, 194]), [0.04, 0.4], rtol=1e-6)
     cifar = get_recipe("cifar")
     assert (recipe.augmentation, recipe.normalization) == (cifar.augmentation,
                                                            cifar.normalization)
     assert recipe.nesterov and recipe.weight_decay == 5e-4
+
+
+def test_a_shorter_cifar_cosine_run_shrinks_its_warmup_and_cosine_together():
+    recipe = get_recipe("cifar_cosine")
+    short = resolve(recipe, num_train=50_000, train_steps=500)
+    assert (short.total_steps, short.warmup_steps) == (500, 25)
+    np.testing.assert_allclose(lr_at(recipe, short, [0, 25, 499]), [0.01, 0.1, 0.0],
+                               atol=1e-5)
+    assert resolve(recipe, num_train=50_000, epochs=80).warmup_steps == 1_560
+    assert resolve(recipe, num_train=50_000, train_steps=1).warmup_steps == 0
+    # --warmup_steps keeps the recipe's linear ramp from a tenth of the run's rate
+    flagged = resolve(recipe, num_train=50_000, warmup_steps=100, learning_rate=0.05)
+    assert (flagged.warmup_steps, flagged.warmup, flagged.warmup_rate) == (
+        100, "linear", pytest.approx(0.005))
+    with pytest.raises(ValueError, match="warmup_steps=500 is not valid for recipe "
+                                         "'cifar_cosine'; expected fewer than the run's 500"):
+        resolve(recipe, num_train=50_000, train_steps=500, warmup_steps=500)
 
 
 def test_the_cosine_schedule_round_trips_and_refuses_a_warmup_past_its_end():
@@ -112,3 +129,5 @@ def test_the_cosine_schedule_round_trips_and_refuses_a_warmup_past_its_end():
     np.testing.assert_allclose(float(rate(55)), 0.1, rtol=1e-6)
     with pytest.raises(ValueError, match="warmup_steps=100 is not valid"):
         schedules.WarmupCosineDecay(0.1, 100, warmup_steps=100)
+    with pytest.raises(ValueError, match="total_steps=0 is not valid"):
+        schedules.WarmupCosineDecay(0.1, 0)

@@ -11,6 +11,7 @@ from keras_identity.training.plots import plot_runs
 from keras_identity.training.preemption import STOP_STATUS
 from keras_identity.training.preemption import Stopped
 from keras_identity.training.schedules import ExponentialDecay
+from keras_identity.training.schedules import WarmupCosineDecay
 from keras_identity.training.schedules import WarmupStepDecay
 from keras_identity.training.strategies import get_strategy
 from keras_identity.training.config import ConfigError

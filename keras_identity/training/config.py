@@ -274,10 +274,10 @@ class TrainConfig:
         """Raises ``ValueError`` (naming ``name``, a decay factor's flag)
         unless the recipe decays its learning rate exponentially."""
         recipe = self.resolved_recipe
-        if recipes_lib.get_recipe(recipe).schedule != "exponential":
-            schedule = recipes_lib.get_recipe(recipe).schedule
+        schedule = recipes_lib.get_recipe(recipe).schedule
+        if schedule != "exponential":
             raise ValueError(f"{name} applies to recipes with an exponential schedule "
-                             f"(highway_mnist); recipe {recipe!r}'s schedule is {schedule}.")
+                             f"(highway_mnist); recipe {recipe!r} has a {schedule} schedule.")
 
     def get_recipe(self):
         """The recipe this configuration trains with (``lr_decay`` applied)."""

@@ -83,6 +83,8 @@ class WarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.base_rate = float(base_rate)
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)
+        if self.total_steps < 1:
+            raise ValueError(f"total_steps={total_steps!r} is not valid; expected >= 1.")
         if not 0 <= self.warmup_steps < self.total_steps:
             raise ValueError(f"warmup_steps={warmup_steps!r} is not valid; expected 0 <= "
                              f"warmup_steps < total_steps={total_steps!r}.")
@@ -115,8 +117,10 @@ def from_recipe(recipe, plan):
         return ExponentialDecay(plan.learning_rate, recipe.exponential_decay,
                                 plan.data_epoch_steps)
     if recipe.schedule == "cosine":
-        return WarmupCosineDecay(plan.learning_rate, plan.total_steps,
-                                 min(plan.warmup_steps, plan.total_steps - 1),
+        if plan.warmup_steps and plan.warmup != "linear":
+            raise ValueError(f"recipe {recipe.name!r}: a cosine schedule ramps its warm-up "
+                             f"linearly; warmup={plan.warmup!r} is not valid.")
+        return WarmupCosineDecay(plan.learning_rate, plan.total_steps, plan.warmup_steps,
                                  plan.warmup_rate)
     return WarmupStepDecay(plan.learning_rate, plan.boundaries, recipe.decay_factor,
                            plan.warmup_steps, plan.warmup_rate, plan.warmup)

@@ -279,6 +279,14 @@ def fit_scope(strategy):
     return contextlib.nullcontext()
 
 
+def trains_on_cpu(strategy):
+    """Whether ``strategy``'s replicas are CPU devices (no GPU or TPU takes the steps)."""
+    if isinstance(strategy, KerasDistribution):
+        return all(device.platform == "cpu" for device in strategy.devices)
+    return all("CPU" in device.upper().rsplit("/", 1)[-1]
+               for device in strategy.extended.worker_devices)
+
+
 def describe(strategy):
     if isinstance(strategy, KerasDistribution):
         kind = "DataParallel" if strategy.distribution else "one device"

@@ -72,15 +72,6 @@ def make_checkpointer(model_dir, checkpoint_format, keep, identity):
     return checkpoints.Checkpointer(directory, keep=keep, identity=identity)
 
 
-def _trains_on_cpu(config):
-    """Whether the run's steps run on the CPU (no GPU or TPU takes them)."""
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return jax.default_backend() == "cpu"
-    return not strategies.accelerators_present(config.strategy, config.tpu)
-
-
 def prepare(config, strategy=None):
     """Validates ``config``, sets the run up (:func:`run_setup.set_up`; the
     strategy unless one is given), then its directory, identity and
@@ -344,8 +335,9 @@ def _train(run, print_fn, started):
         print_fn(kernels)
     if run.threads:
         print_fn(run.threads)
-    if config.precision == "mixed_bfloat16" and _trains_on_cpu(config):
-        slow = cpu_kernels.bfloat16_notice()
+    if config.precision == "mixed_bfloat16" and strategies.trains_on_cpu(strategy):
+        slow = cpu_kernels.bfloat16_notice(
+            tensorflow_kernels=kernels and cpu_kernels.kernels())
         if slow:
             print_fn(slow)
     if end_step < plan.total_steps:

@@ -44,19 +44,21 @@ def test_veit_verdict_and_smoothness():
 
 
 def test_veit_cifar_verdict_keeps_the_downsampling_units_apart():
-    from experiments.veit_deletion_cifar import split
-    from experiments.veit_deletion_cifar import verdict
+    from experiments._verdicts import cifar_deletion_verdict as verdict
+    from experiments._verdicts import downsampling_split as split
 
     study = {"baseline": 0.10, "single": [0.11, 0.30, 0.12, None, 0.50, 0.13],
              "changes_shape": [False, True, False, False, True, False]}
     assert split(study) == ([0.11, 0.12, 0.13], [0.30, 0.50])
     assert verdict(study) == ("reproduces: one unit that keeps the shape deleted costs +2.00 "
                               "points on average (worst +3.00), a downsampling unit +30.00")
-    study["single"] = [0.11, 0.10, 0.12, None, 0.10, 0.13]
-    assert verdict(study).startswith("partly (the downsampling units cost no more)")
+    study["single"] = [0.11, 0.10, 0.12, None, 0.13, 0.13]
+    assert verdict(study).startswith("partly (the downsampling units cost about as much)")
     study["single"] = [0.20, 0.30, 0.25, None, 0.50, 0.15]
     assert verdict(study).startswith("not at this depth: one unit that keeps the shape "
                                      "deleted costs +10.00")
+    study["changes_shape"] = [True] * 6
+    assert verdict(study).startswith("not measured")
 
 
 def test_degradation_verdict_needs_gaps_beyond_sampling_noise():
