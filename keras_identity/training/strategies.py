@@ -283,8 +283,13 @@ def trains_on_cpu(strategy):
     """Whether ``strategy``'s replicas are CPU devices (no GPU or TPU takes the steps)."""
     if isinstance(strategy, KerasDistribution):
         return all(device.platform == "cpu" for device in strategy.devices)
-    return all("CPU" in device.upper().rsplit("/", 1)[-1]
-               for device in strategy.extended.worker_devices)
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # TensorFlow's default strategy: the first GPU, if there is one
+        import tensorflow as tf
+
+        return not tf.config.list_logical_devices("GPU")
+    return all("CPU" in device.upper().rsplit("/", 1)[-1] for device in devices)
 
 
 def describe(strategy):

@@ -112,3 +112,12 @@ def test_input_placement_of_a_tf_strategy_distributes_tf_data_pipelines():
     strategy = get_strategy("default")
     assert strategies.input_placement(strategy) == dict(pad_to_batch=False,
                                                         tf_strategy=strategy)
+
+
+def test_a_strategy_on_cpu_devices_trains_on_the_cpu():
+    """What the bfloat16 notice asks (no GPU here): every strategy of CPU devices."""
+    assert strategies.trains_on_cpu(tf.distribute.get_strategy())  # the default strategy
+    assert strategies.trains_on_cpu(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    assert strategies.trains_on_cpu(tf.distribute.MirroredStrategy(["/cpu:0"]))
+    assert not strategies.trains_on_cpu(type("Fake", (), {"extended": type(
+        "E", (), {"worker_devices": ("/job:localhost/replica:0/task:0/device:GPU:0",)})})())

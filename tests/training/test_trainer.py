@@ -118,14 +118,24 @@ def test_divergence_names_the_step(tmp_path):
         train(config, quiet)
 
 
-def test_mixed_bfloat16_xla_step_as_on_a_tpu(tmp_path, cifar_like):
+def test_mixed_bfloat16_xla_step_as_on_a_tpu(tmp_path, cifar_like, monkeypatch):
+    # On a CPU without bfloat16 instructions (Cascade Lake's flags) the run says so.
+    from keras_identity import _cpu_kernels
+
+    monkeypatch.setattr(_cpu_kernels, "_x86", lambda: True)
+    monkeypatch.setattr(_cpu_kernels, "cpu_flags", lambda: frozenset(
+        {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}))
+    lines = []
     config = TrainConfig(model="preact_resnet", depth=11, model_kwargs=dict(
                          shortcut="exclusive_gating", gate_bias_init=-2.0), dataset="cifar10", data_dir=cifar_like,
                          precision="mixed_bfloat16", jit_compile=True, train_steps=2,
                          batch_size=16, verbose=0, model_dir=str(tmp_path))
-    result = train(config, quiet)
+    result = train(config, lines.append)
     assert result["steps"] == 2 and np.isfinite(result["loss"])
     assert result["jit_compile"] is True
+    assert sum(line.startswith("note: --precision=mixed_bfloat16 on a CPU without bfloat16 "
+                               "instructions (this CPU has neither AVX512_BF16 nor AMX)")
+               for line in lines) == 1, lines
     model = keras.models.load_model(result["model_path"])
     unit = model.get_layer("stage2_unit1")
     assert unit.compute_dtype == "bfloat16" and unit.gate.compute_dtype == "float32"
