@@ -78,7 +78,8 @@ def test_the_cifar10_presets_are_resnet20s_trained_on_the_jpeg_copy():
     """The original (Fig. 4(a)) and the pre-activation (Fig. 4(e)) ResNet-20,
     each trained to the end by keras-identity-train on ../shared/data."""
     calls = {p.call: p for p in CIFAR10}
-    assert {"resnet(depth=20, dataset='cifar10', weights='cifar10')"} <= set(calls)
+    assert {"resnet(depth=20, dataset='cifar10', weights='cifar10')",
+            "preact_resnet(depth=20, dataset='cifar10', weights='cifar10')"} <= set(calls)
     for preset in CIFAR10:
         card = preset.card
         assert card["data"]["fingerprint"] == model_card.CIFAR10_JPEG
