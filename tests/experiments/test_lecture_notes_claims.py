@@ -213,3 +213,20 @@ def test_veit_deletion_studies_the_nets_that_have_a_preset(tmp_path, fake_data):
             "end (20 epochs, 9,360 iterations of the `highway_mnist` recipe") in report
     assert "| ResNet (identity shortcuts) | 9360 (preset) |" in report
     assert report.count("| stage1_unit") == 25
+
+
+@pytest.mark.slow
+def test_veit_deletion_cifar_studies_the_cifar10_presets(tmp_path, shared_dir):
+    """Both ResNet-20 presets, on the first 200 JPEG test images; a second run reuses them."""
+    args = (f"--data_dir={shared_dir}/data", "--test_examples=200", "--draws=1",
+            f"--run_dir={tmp_path / 'runs'}", f"--report_dir={tmp_path}")
+    result = run("veit_deletion_cifar", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (tmp_path / "veit_deletion_cifar10.md").read_text()
+    assert "resnet20: 9 units, 2 of them downsample" in report
+    assert report.count("(downsamples) |") == 4 and "| stage3_unit3 | " in report  # 2 per net
+    assert "- resnet20 (original, Fig. 4(a)): " in report
+    assert "- preact_resnet20 (pre-activation, Fig. 4(e)): " in report
+    cached = (tmp_path / "runs" / "resnet20" / "deletions.json").stat().st_mtime
+    assert run("veit_deletion_cifar", *args).returncode == 0
+    assert (tmp_path / "runs" / "resnet20" / "deletions.json").stat().st_mtime == cached
