@@ -101,3 +101,20 @@ def median_speed(model_dir):
     rows = history(model_dir)
     speeds = sorted(r["images_per_sec"] for r in rows)
     return speeds[len(speeds) // 2] if speeds else float("nan")
+
+
+def kept_study(path, measured_on, compute):
+    """``compute()``'s study, kept in the JSON file ``path`` with
+    ``measured_on`` (what it was measured on): read back while that is the
+    same, measured again otherwise."""
+    from keras_identity.storage import write_json
+
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("measured_on") == measured_on:
+            return saved["study"]
+    result = compute()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_json(path, {"measured_on": measured_on, "study": result})
+    return result

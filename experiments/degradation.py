@@ -187,9 +187,7 @@ def main(argv):
             depths[0] >= depths[1]):
         _cli.fail(f"--depths={','.join(FLAGS.depths)} is not valid; expected two depths "
                   f"6n+2, the shallower first (e.g. 20,56)", 2)
-    for name in ("iterations", "interval", "batch_size"):
-        if FLAGS[name].value < 1:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 1", 2)
+    _cli.require_at_least(FLAGS, ("iterations", "interval", "batch_size"), 1)
     if FLAGS.test_examples < 0:
         _cli.fail(f"--test_examples={FLAGS.test_examples} is not valid; expected >= 0", 2)
     if FLAGS.iterations % FLAGS.interval:

@@ -200,12 +200,8 @@ def _versus(loss, chance):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
-    for name in ("iterations", "seed_iterations"):
-        if FLAGS[name].value < 0:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 0", 2)
-    for name in ("interval", "chunk", "batch_size", "depth"):
-        if FLAGS[name].value < 1:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 1", 2)
+    _cli.require_at_least(FLAGS, ("iterations", "seed_iterations"), 0)
+    _cli.require_at_least(FLAGS, ("interval", "chunk", "batch_size", "depth"), 1)
     if FLAGS.test_examples < 0:
         _cli.fail(f"--test_examples={FLAGS.test_examples} is not valid; expected >= 0", 2)
     for name in ("iterations", "seed_iterations", "chunk"):

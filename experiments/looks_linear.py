@@ -200,9 +200,7 @@ def main(argv):
     if len(depths) < 2 or not all(d >= 4 and d % 2 == 0 for d in depths):
         _cli.fail(f"--depths={','.join(FLAGS.depths)} is not valid; expected two or more even "
                   f"depths >= 4 (2n+2, the ResNet's), e.g. 10,30", 2)
-    for name in ("iterations", "interval"):
-        if FLAGS[name].value < 1:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 1", 2)
+    _cli.require_at_least(FLAGS, ("iterations", "interval"), 1)
     if FLAGS.iterations % FLAGS.interval:
         _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected a multiple of "
                   f"--interval={FLAGS.interval}", 2)
@@ -210,9 +208,7 @@ def main(argv):
         _cli.fail(f"--iterations={FLAGS.iterations} is not valid; expected at most the "
                   f"schedule's {schedule()} ({schedule() // FLAGS.interval} epochs x "
                   f"--interval={FLAGS.interval})", 2)
-    for name in ("test_examples", "gradient_depth"):
-        if FLAGS[name].value < 0:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 0", 2)
+    _cli.require_at_least(FLAGS, ("test_examples", "gradient_depth"), 0)
     if FLAGS.learning_rate <= 0:
         _cli.fail(f"--learning_rate={FLAGS.learning_rate:g} is not valid; expected > 0", 2)
     for key, label, _, net_argv in nets():

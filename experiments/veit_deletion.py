@@ -17,7 +17,6 @@ layer goes), ours, the scale and a verdict, with the figure of
 :func:`keras_identity.analysis.plot_deletions`.
 """
 
-import json
 import os
 
 from absl import app
@@ -95,30 +94,25 @@ def study(key, x_test, y_test):
     (``deletions.json``) with what it was measured on: rewriting the report
     with the same model, test images, draws and seed reuses it."""
     import keras_identity as ki
-    from keras_identity.storage import write_json
 
     model_path = os.path.join(run_dir(key), "model.keras")
-    cache = os.path.join(run_dir(key), "deletions.json")
     p = preset(key)
     measured_on = {"model": p.sha256 if p else os.path.getmtime(model_path),
                    "test_examples": FLAGS.test_examples, "draws": FLAGS.draws,
                    "seed": FLAGS.seed}
-    if os.path.exists(cache):
-        with open(cache) as f:
-            saved = json.load(f)
-        if saved.get("measured_on") == measured_on:
-            return saved["study"]
-    if p is None:
-        model = ki.models.load_model(model_path)
-        inputs = ki.layers.model_inputs(model, x_test)
-    else:  # a preset takes inputs scaled to [0, 1] (its recipe's normalisation)
-        model = ki.models.get_model(p.configuration, weights=p.weights)
-        inputs = x_test / 255.0
-    result = ki.analysis.deletion_study(model, inputs, y_test, draws=FLAGS.draws,
-                                        seed=FLAGS.seed)
-    os.makedirs(run_dir(key), exist_ok=True)
-    write_json(cache, {"measured_on": measured_on, "study": result})
-    return result
+
+    def measure():
+        if p is None:
+            model = ki.models.load_model(model_path)
+            inputs = ki.layers.model_inputs(model, x_test)
+        else:  # a preset takes inputs scaled to [0, 1] (its recipe's normalisation)
+            model = ki.models.get_model(p.configuration, weights=p.weights)
+            inputs = x_test / 255.0
+        return ki.analysis.deletion_study(model, inputs, y_test, draws=FLAGS.draws,
+                                          seed=FLAGS.seed)
+
+    return _runs.kept_study(os.path.join(run_dir(key), "deletions.json"), measured_on,
+                            measure)
 
 
 def parameters(key):
@@ -215,9 +209,7 @@ def write_report(results):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
-    for name in ("train_steps", "interval", "test_examples", "draws"):
-        if FLAGS[name].value < 1:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 1", 2)
+    _cli.require_at_least(FLAGS, ("train_steps", "interval", "test_examples", "draws"), 1)
     if FLAGS.train_steps % FLAGS.interval:
         _cli.fail(f"--train_steps={FLAGS.train_steps} is not valid; expected a multiple of "
                   f"--interval={FLAGS.interval}", 2)

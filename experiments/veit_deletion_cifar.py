@@ -14,7 +14,6 @@ add to the MNIST study (``experiments.veit_deletion``).  Nothing is trained here
 preset is a net trained to the end by ``keras-identity-train`` (its card says how).
 """
 
-import json
 import os
 
 from absl import app
@@ -22,6 +21,7 @@ from absl import flags
 
 from experiments import _cli
 from experiments import _report
+from experiments import _runs
 from experiments._verdicts import BARELY
 from experiments._verdicts import cifar_deletion_verdict
 from experiments._verdicts import downsampling_split
@@ -70,25 +70,19 @@ def study(preset, x_test, y_test, data):
     """The deletion study of one preset, kept (``deletions.json``) with what
     it was measured on: the same weights, data, images, draws and seed reuse it."""
     import keras_identity as ki
-    from keras_identity.storage import write_json
 
-    directory = os.path.join(FLAGS.run_dir, key(preset))
-    cache = os.path.join(directory, "deletions.json")
     measured_on = {"model": preset.sha256, "data": data, "test_examples": len(y_test),
                    "draws": FLAGS.draws, "seed": FLAGS.seed}
-    if os.path.exists(cache):
-        with open(cache) as f:
-            saved = json.load(f)
-        if saved.get("measured_on") == measured_on:
-            return saved["study"]
-    builder = getattr(ki.models, preset.builder)
-    # Its preprocessing in the model: the study feeds the test split's pixels as they are.
-    model = builder(**preset.arguments, weights=preset.weights, include_preprocessing=True)
-    result = ki.analysis.deletion_study(model, x_test, y_test, draws=FLAGS.draws,
-                                        seed=FLAGS.seed, batch_size=500)
-    os.makedirs(directory, exist_ok=True)
-    write_json(cache, {"measured_on": measured_on, "study": result})
-    return result
+
+    def measure():
+        builder = getattr(ki.models, preset.builder)
+        # Its preprocessing in the model: the study feeds the test split's pixels as they are.
+        model = builder(**preset.arguments, weights=preset.weights, include_preprocessing=True)
+        return ki.analysis.deletion_study(model, x_test, y_test, draws=FLAGS.draws,
+                                          seed=FLAGS.seed, batch_size=500)
+
+    return _runs.kept_study(os.path.join(FLAGS.run_dir, key(preset), "deletions.json"),
+                            measured_on, measure)
 
 
 def mean(values):
@@ -184,9 +178,7 @@ def write_report(presets, results, n_images):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
-    for name in ("test_examples", "draws"):
-        if FLAGS[name].value < 1:
-            _cli.fail(f"--{name}={FLAGS[name].value} is not valid; expected >= 1", 2)
+    _cli.require_at_least(FLAGS, ("test_examples", "draws"), 1)
     presets = cifar_presets(FLAGS.weights)
     if not presets:
         _cli.fail(f"--weights={FLAGS.weights} is not valid: no residual net trained on "
