@@ -246,9 +246,18 @@ def _servers_kernels(**env):
     return done.stdout.strip().splitlines()[-2]
 
 
+def _serving_choice():
+    return "TensorFlow CPU kernels: " + (
+        "oneDNN (TensorFlow's own choice" if cpu_kernels.tensorflow_default() else
+        "Eigen (keras_identity's choice for serving")
+
+
+# The processes of these tests import TensorFlow (KERAS_BACKEND=tensorflow)
+# whatever the leg's backend: they run once, on the TensorFlow leg.
+@backend_neutral
 @pytest.mark.needs_tensorflow
 @pytest.mark.skipif(not AVX2_X86, reason="an x86 CPU with AVX2")
-def test_importing_the_library_trains_on_onednn_and_the_server_keeps_tensorflows_choice():
+def test_importing_the_library_trains_on_onednn_and_the_server_module_chooses_first():
     own = cpu_kernels.tensorflow_default()  # AVX-512 VNNI/BF16, AMX: oneDNN by itself
     line = _kernels_in_a_new_process("import keras_identity")
     assert line.startswith("TensorFlow CPU kernels: oneDNN (" + (
@@ -256,11 +265,15 @@ def test_importing_the_library_trains_on_onednn_and_the_server_keeps_tensorflows
     line = _kernels_in_a_new_process("import keras_identity", TF_ENABLE_ONEDNN_OPTS="0")
     assert line == "TensorFlow CPU kernels: Eigen (set by you)"
     # keras-identity-serve's module chooses before keras_identity is imported.
-    serving = ("TensorFlow CPU kernels: " + (
-        "oneDNN (TensorFlow's own choice" if own else
-        "Eigen (keras_identity's choice for serving"))
     line = _kernels_in_a_new_process("import keras_identity_cli.serve, keras_identity")
-    assert line.startswith(serving), line
+    assert line.startswith(_serving_choice()), line
+
+
+@backend_neutral
+@pytest.mark.needs_tensorflow
+@pytest.mark.skipif(not AVX2_X86, reason="an x86 CPU with AVX2")
+def test_a_server_started_by_the_library_keeps_tensorflows_choice():
+    serving = _serving_choice()
     # A process that imported keras_identity (its choice read, and taken out of
     # the environment) starts a server: with the user's =1 it runs oneDNN, as
     # the user's; without, it chooses for serving.

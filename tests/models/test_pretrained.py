@@ -65,9 +65,42 @@ def test_the_registry_ships_the_mnist_presets_with_their_cards():
     assert calls["highway50_mnist"].card["parameters"] == 289_660
 
 
+# The first 1,000 MNIST test images each preset gets wrong, by index: the
+# same on TensorFlow 2.21 and JAX 0.10 (float32), recorded with _build and
+# predict as below.  A preset whose weights load wrongly, or into another
+# arrangement, misses other images (or about 900 of them).
+FIRST_1000_WRONG = {
+    "highway10_mnist.keras": [96, 247, 321, 340, 381, 495, 497, 582, 646, 674, 716, 720, 740,
+                              760, 810, 844, 882, 900, 951, 956, 965],
+    "highway50_mnist.keras": [149, 151, 217, 233, 247, 321, 340, 445, 447, 464, 495, 582, 619,
+                              659, 707, 726, 895, 900, 938, 947, 951, 965],
+    "resnet52_mnist.keras": [445, 447, 450, 646, 947],
+    "resnet52_mnist_plain_mnist.keras": [412, 445, 449, 543, 582, 625, 659, 691, 740, 813, 924,
+                                         938, 947, 956],
+}
+
+
 @pytest.mark.parametrize("preset", MNIST, ids=[p.file for p in MNIST])
+def test_every_preset_gets_the_same_first_1000_test_images_wrong(preset, mnist_test):
+    """On this backend, the images it got wrong when its scores were recorded
+    (one image either way: rounding of an image at the boundary)."""
+    x, y = mnist_test
+    model = _build(preset)
+    wrong = set(np.flatnonzero(
+        np.argmax(model.predict(x[:1000], batch_size=1000, verbose=0), -1) != y[:1000]).tolist())
+    assert len(wrong ^ set(FIRST_1000_WRONG[preset.file])) <= 1, sorted(wrong)
+
+
+# The residual presets' 10,000 images take 40-55 s each on 2 cores, so they
+# are slow tests; the default run checks their first 1,000 images above.
+@pytest.mark.parametrize("preset", [
+    pytest.param(p, marks=pytest.mark.slow) if p.builder != "highway_net" else p
+    for p in MNIST], ids=[p.file for p in MNIST])
 def test_every_preset_scores_its_cards_test_error(preset, mnist_test):
-    """On this backend, within 0.1 point of the error its training run measured."""
+    """On this backend, within 0.1 point of the error its training run
+    measured on the 10,000 test images (slow for the residual presets: 40-55 s
+    each on 2 cores; the default run checks their first 1,000 images image by
+    image instead)."""
     x, y = mnist_test
     model = _build(preset)
     error = float(np.mean(np.argmax(model.predict(x, batch_size=1000, verbose=0), -1) != y))
