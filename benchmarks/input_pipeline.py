@@ -238,5 +238,9 @@ def main(argv):
                                ("all", "each repetition", "{}")]))
 
 
-if __name__ == "__main__":
+def run():
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -542,5 +542,9 @@ def main(argv):
         print(f"\nWrote {FLAGS.output_json}")
 
 
-if __name__ == "__main__":
+def run():
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

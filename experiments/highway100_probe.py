@@ -46,5 +46,9 @@ def main(argv):
               f"test error {100 * (1 - accuracy):.2f}%, {time.time() - start:.0f}s", flush=True)
 
 
-if __name__ == "__main__":
+def run():
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

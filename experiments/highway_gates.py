@@ -135,5 +135,9 @@ mean (Fig. 3), per digit: {', '.join(f'{c}: {v:.4f}' for c, v in class_spread.it
     print(table)
 
 
-if __name__ == "__main__":
+def run():
     app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

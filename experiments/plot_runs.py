@@ -35,5 +35,9 @@ def main(argv):
     print(f"wrote {FLAGS.out}")
 
 
-if __name__ == "__main__":
+def run():
     app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

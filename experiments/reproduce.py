@@ -167,5 +167,9 @@ def main(argv):
     sys.exit(code)
 
 
-if __name__ == "__main__":
+def run():
     app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

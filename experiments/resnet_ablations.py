@@ -351,5 +351,9 @@ def main(argv):
     print(f"wrote {_report.write(name, text)}")
 
 
-if __name__ == "__main__":
+def run():
     app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

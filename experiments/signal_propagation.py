@@ -215,5 +215,9 @@ def main(argv):
     shattered_report()
 
 
-if __name__ == "__main__":
+def run():
     app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

@@ -201,5 +201,9 @@ def main(argv):
     write_report(presets, results, len(y_test))
 
 
-if __name__ == "__main__":
+def run():
     app.run(main, flags_parser=_cli.one_line_flags_parser)
+
+
+if __name__ == "__main__":
+    run()

@@ -27,6 +27,8 @@ for args in json.loads(sys.argv[2]):
             module.run()
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+            if exit.code is not None and not isinstance(exit.code, int):
+                print(exit.code, file=sys.stderr)  # as the interpreter prints sys.exit("...")
     results.append([code, stderr.getvalue(), stdout.getvalue()])
 print("\nRESULTS " + json.dumps(results))
 """

@@ -14,6 +14,7 @@ from keras_identity import _cpu_kernels as cpu_kernels
 from keras_identity.training import cpu_threads
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.programs import run_refusals
 
 
 def _cli(*args, timeout=600):
@@ -130,7 +131,7 @@ def test_pytorch_worker_imports_neither_tensorflow_nor_keras(tmp_path):
     assert "LOADED []" in result.stdout
 
 
-@pytest.mark.parametrize("args, words", [
+_BAD_FLAGS = [
     (["--models=resnet50"], ["--models", "CIFAR-10"]),
     (["--models=preact_resnet12"], ["--models", "6n+2", "9n+2"]),
     (["--modes=fast"], ["--modes", "'fast'"]),
@@ -143,12 +144,23 @@ def test_pytorch_worker_imports_neither_tensorflow_nor_keras(tmp_path):
     (["--repeats=0"], ["--repeats=0"]),
     (["--tf_threads=many"], ["--tf_threads", "'many'", "auto, tensorflow"]),
     (["--tf_imports=notebook"], ["--tf_imports", "'notebook'", "quickstart, keras_first"]),
-])
-def test_bad_flags_exit_with_one_line(args, words):
-    result = _cli(*args, "--notorch")
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    for word in words:
+]
+
+
+@pytest.fixture(scope="module")
+def refusals():
+    """Every bad-flag case's (exit code, stderr), the program's ``run()`` in
+    one process (tests/programs.py); the small runs above are its process."""
+    return run_refusals("benchmarks.run", [args + ["--notorch"] for args, _ in _BAD_FLAGS])
+
+
+@pytest.mark.parametrize("case", range(len(_BAD_FLAGS)),
+                         ids=[args[0] for args, _ in _BAD_FLAGS])
+def test_bad_flags_exit_with_one_line(refusals, case):
+    code, stderr = refusals[case]
+    assert code != 0
+    last = stderr.strip().splitlines()[-1]
+    for word in _BAD_FLAGS[case][1]:
         assert word in last
 
 

@@ -11,6 +11,7 @@ from experiments._curves import difference_margin
 from experiments._curves import tail_mean
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.programs import run_refusals
 
 
 def run(module, *args):
@@ -107,7 +108,7 @@ def test_looks_linear_verdict():
     assert verdict(errors, [10, 30], 3200).startswith("contradicted")
 
 
-@pytest.mark.parametrize("module, args, message", [
+_BAD_FLAGS = [
     ("degradation", ["--depths=20"], "--depths=20 is not valid; expected two depths 6n+2"),
     ("degradation", ["--depths=56,20"], "--depths=56,20 is not valid"),
     ("degradation", ["--iterations=30"], "--iterations=30 is not valid; expected a multiple "
@@ -126,11 +127,27 @@ def test_looks_linear_verdict():
                                                  "net trained on CIFAR-10 has a preset"),
     ("veit_deletion", ["--train_steps=50"], "--train_steps=50 is not valid; expected a "
                                             "multiple of --interval=40"),
-])
-def test_bad_flags_are_one_line(module, args, message):
-    result = run(module, *args)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {message}")
+]
+
+
+@pytest.fixture(scope="module")
+def refusals():
+    """Each case's (exit code, stderr): each program's ``run()`` once per
+    case, one process per program (tests/programs.py)."""
+    results = {}
+    for module in dict.fromkeys(m for m, _, _ in _BAD_FLAGS):
+        cases = [i for i, (m, _, _) in enumerate(_BAD_FLAGS) if m == module]
+        answers = run_refusals(f"experiments.{module}", [_BAD_FLAGS[i][1] for i in cases])
+        results.update(zip(cases, answers))
+    return results
+
+
+@pytest.mark.parametrize("case", range(len(_BAD_FLAGS)),
+                         ids=[f"{m}{a[0]}" for m, a, _ in _BAD_FLAGS])
+def test_bad_flags_are_one_line(refusals, case):
+    code, stderr = refusals[case]
+    assert code == 2
+    assert stderr.strip().splitlines()[-1].startswith(f"error: {_BAD_FLAGS[case][2]}"), stderr
 
 
 @pytest.fixture
