@@ -150,7 +150,7 @@ def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
     epochs = 1 if rounds_differently else 2
     if rounds_differently:
         learning_rate = 1e-3
-    unrolled, looped = _both_forms(ki.models.resnet, 29, **kwargs)
+    unrolled, looped = _both_forms(ki.models.resnet, 20, **kwargs)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, 8, 8, 3)).astype("float32")
     y = rng.integers(0, 10, size=16)
@@ -195,7 +195,7 @@ def test_scan_model_trains_in_parts_at_odd_batches_like_unrolled(monkeypatch):
 
 @pytest.mark.parametrize("recompute", ["none", "bn_relu", "unit"])
 def test_scan_model_trains_with_xla(recompute):
-    model = ki.models.preact_resnet(29, stage_mode="scan", recompute=recompute,
+    model = ki.models.preact_resnet(20, stage_mode="scan", recompute=recompute,
                                     input_shape=(8, 8, 3), seed=0)
     assert model.get_layer("stage1_units2to3").recompute == recompute
     model.compile(keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy",
