@@ -140,9 +140,10 @@ def test_scan_model_trains_like_unrolled_with_fit(unit, kwargs):
     # JAX: XLA compiles each form's whole step and fuses them differently, so
     # the forms round differently in every case (weights agree to 1e-7 after
     # a step); "original" with 1x1 shortcuts grows such differences ~500-fold
-    # per step at this size (a perturbation of 1e-7 in the unrolled model's
-    # weights does the same), so JAX compares one epoch of two steps at the
-    # gates' learning rate.
+    # per step on ResNet-29's 8x8 inputs, where it was measured (a
+    # perturbation of 1e-7 in the unrolled model's weights does the same), so
+    # JAX compares one epoch of two steps at the gates' learning rate.  The
+    # comparison runs on ResNet-20, which loops 3 units a stage as -29 does.
     # TensorFlow below AVX-512 with oneDNN: the loop's BN takes its depthwise
     # form (_tf_batch_norm.affine_batch_norm) and the layers keep oneDNN's, so the
     # forms round differently there too (relative 1e-6 a forward pass).
