@@ -26,6 +26,14 @@ backend_neutral = pytest.mark.skipif(
     BACKEND != "tensorflow", reason="does not depend on the Keras backend; run once, on "
                                     "the TensorFlow leg")
 
+# Tests of the JAX route's input in Grain's worker processes: each worker
+# imports Keras and its backend (TensorFlow on the TensorFlow leg: seconds a
+# worker), and the workers' streams do not depend on the backend; the
+# TensorFlow route reads through tf.data.  They run on the JAX leg, without
+# TensorFlow, as the JAX route runs.
+jax_route = pytest.mark.skipif(
+    BACKEND != "jax", reason="the JAX route's Grain worker processes; run on the JAX leg")
+
 
 def value_and_grad(model, loss_fn, inputs, training=True, sources=None):
     """``(loss, gradients of model.trainable_variables, outputs)`` of

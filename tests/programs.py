@@ -3,8 +3,12 @@ process: the program's ``run()`` (the console command) is called once per
 argument list, its flags reset to their defaults between calls (absl re-parses
 them on each run), and each call's exit code and standard error are kept.
 One interpreter start (TensorFlow or JAX imported once) instead of one per
-case; what each case prints and how it exits are the program's own."""
+case; what each case prints and how it exits are the program's own.
+:func:`run_programs` runs a guide's commands so, one after the other: the
+runs of one program in a row share a process (two programs may define the
+same flags, so each has its own)."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -15,9 +19,9 @@ from tests.conftest import REPO
 _DRIVER = r"""
 import contextlib, importlib, io, json, sys
 from absl import flags
-module = importlib.import_module(sys.argv[1])
 results = []
-for args in json.loads(sys.argv[2]):
+for name, args in json.loads(sys.argv[1]):
+    module = importlib.import_module(name)
     flags.FLAGS.unparse_flags()
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
@@ -43,9 +47,23 @@ def run_refusals(module, cases, env=None, timeout=600):
 def run_cases(module, cases, env=None, timeout=600):
     """``[(exit code, stderr, stdout), ...]``: as :func:`run_refusals`, with
     what each run printed on standard output."""
-    result = subprocess.run([sys.executable, "-c", _DRIVER, module, json.dumps(cases)],
-                            cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, **(env or {})))
+    return run_programs([(module, args) for args in cases], env=env, timeout=timeout)
+
+
+def run_programs(runs, cwd=REPO, env=None, timeout=600):
+    """``[(exit code, stderr, stdout), ...]``: each ``(module, arguments)`` of
+    ``runs`` in turn, its ``run()`` called as by :func:`run_refusals`, the
+    runs of one module in a row in one fresh process started in ``cwd``."""
+    results = []
+    for _, group in itertools.groupby(runs, key=lambda run: run[0]):
+        results += _run_in_one_process(list(group), cwd, env, timeout)
+    return results
+
+
+def _run_in_one_process(runs, cwd, env, timeout):
+    result = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(runs)],
+                            cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
     lines = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     return [tuple(r) for r in json.loads(lines[-1][len("RESULTS "):])]

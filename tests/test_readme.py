@@ -19,6 +19,7 @@ import pytest
 
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.programs import run_programs
 
 README = os.path.join(REPO, "README.md")
 
@@ -108,11 +109,18 @@ def _tiny_cifar(path, classes, rng):
              y_test=rng.integers(0, classes, 32))
 
 
+# The console commands' modules (setup.cfg's entry points).
+MODULES = {"keras-identity-train": "keras_identity_cli.train",
+           "keras-identity-tune": "keras_identity_cli.tune",
+           "keras-identity-export": "keras_identity_cli.export"}
+
+
 @default_route
 def test_readme_commands_run(tmp_path, shared_dir):
-    env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    ran = []
+    """Each distinct command the README runs, in its order, one after the
+    other in one process (the console commands' own processes:
+    tests/packaging/test_wheel.py and tests/experiments)."""
+    runs = []
     for command in dict.fromkeys(_commands()):  # each distinct command once
         if _why_not_run(command):
             continue
@@ -121,11 +129,11 @@ def test_readme_commands_run(tmp_path, shared_dir):
         args += SHORTENED[args[0]]
         if any(a.startswith("--depth=") for a in args):
             args.append(SHALLOW)
-        result = subprocess.run(args, cwd=tmp_path, env=env, text=True, capture_output=True,
-                                timeout=600)
-        assert result.returncode == 0, f"{command}\n{result.stderr[-3000:]}"
-        ran.append(args[0])
-    assert ran.count("keras-identity-train") == 3  # the first run (set-up, Training), two more
+        runs.append((MODULES[args[0]], args[1:]))
+    results = run_programs(runs, cwd=tmp_path, env={"KERAS_BACKEND": "tensorflow"})
+    for (module, args), (code, stderr, _) in zip(runs, results):
+        assert code == 0, f"{module} {' '.join(args)}\n{stderr[-3000:]}"
+    assert [module for module, _ in runs].count("keras_identity_cli.train") == 3
     assert (tmp_path / "serving" / "pre164" / "1" / "saved_model.pb").exists()
     assert (tmp_path / "runs" / "tune_highway50" / "results.csv").exists()
     assert (tmp_path / "runs" / "search_highway100" / "results.csv").exists()

@@ -9,6 +9,7 @@ import pytest
 
 from keras_identity import _tensorflow
 from tests.conftest import REPO
+from tests.programs import run_refusals
 
 pytest.importorskip("grain")
 
@@ -52,38 +53,51 @@ def test_a_small_jpeg_folder_is_made_once_and_read_by_every_pipeline(tmp_path, s
 def test_a_folder_it_did_not_make_is_refused_not_trusted(tmp_path, shared_dir):
     """A folder holding other files, a tree made for another size, or one
     whose images went missing after its stamp: one line, and the stamp is
-    not taken for the tree."""
-    folder = tmp_path / "jpegs"
-    args = (f"--data_dir={os.path.join(shared_dir, 'data')}", f"--folder={folder}", "--images=8",
-            "--image_size=64x48", "--batch_size=4", "--batches=1", "--warmup=1",
-            "--repeats=1", "--workers=1", "--pipelines=threads")
-    folder.mkdir()
-    (folder / "notes.txt").write_text("someone else's")
-    result = _cli(*args)
-    assert result.returncode != 0
-    assert (f"--folder={folder} is not the tree this benchmark makes for these flags "
-            f"(other files, another --images/--image_size, or images missing): remove it or "
-            f"give a new --folder") in result.stderr
-    assert sorted(os.listdir(folder)) == ["notes.txt"]
-    (folder / "notes.txt").unlink()
+    not taken for the tree.  (The program's runs two by two in one process:
+    its own process is tested above.)"""
+    def args(folder, size="64x48"):
+        return [f"--data_dir={os.path.join(shared_dir, 'data')}", f"--folder={folder}",
+                "--images=8", f"--image_size={size}", "--batch_size=4", "--batches=1",
+                "--warmup=1", "--repeats=1", "--workers=1", "--pipelines=threads"]
+    other, folder = tmp_path / "other", tmp_path / "jpegs"
+    other.mkdir()
+    (other / "notes.txt").write_text("someone else's")
     (tmp_path / "jpegs.partial" / "train").mkdir(parents=True)  # an interrupted make's
-    assert _cli(*args).returncode == 0
+    (code, stderr), (made, made_err) = run_refusals("benchmarks.input_pipeline",
+                                                    [args(other), args(folder)])
+    assert code != 0
+    assert (f"--folder={other} is not the tree this benchmark makes for these flags "
+            f"(other files, another --images/--image_size, or images missing): remove it or "
+            f"give a new --folder") in stderr
+    assert sorted(os.listdir(other)) == ["notes.txt"]
+    assert made == 0, made_err[-2000:]
     assert sorted(os.listdir(folder)) == ["made-8-64x48", "train", "val"]
     assert not (tmp_path / "jpegs.partial").exists()
     next(folder.rglob("train/*/*.jpg")).unlink()
-    result = _cli(*args)
-    assert result.returncode != 0 and "is not the tree this benchmark makes" in result.stderr
-    result = _cli(*args[:3], "--image_size=32x24", *args[4:])
-    assert result.returncode != 0 and "train/ with 8 images, val/ and made-8-32x24 only" in result.stderr
+    (code, stderr), (code2, stderr2) = run_refusals("benchmarks.input_pipeline", [
+        args(folder), args(folder, "32x24")])
+    assert code != 0 and "is not the tree this benchmark makes" in stderr
+    assert code2 != 0 and "train/ with 8 images, val/ and made-8-32x24 only" in stderr2
 
 
-@pytest.mark.parametrize("flag, words", [
+BAD_FLAGS = [
     ("--workers=0", "--workers='0' is not valid; expected positive numbers or all."),
     ("--pipelines=dali", "--pipelines=dali is not valid; expected some of: tf.data, grain, "
                          "threads."),
     ("--image_size=big", "--image_size='big' is not valid; expected WIDTHxHEIGHT"),
-])
-def test_bad_flags_are_one_line(flag, words, tmp_path):
-    result = _cli(flag, f"--folder={tmp_path}")
-    assert result.returncode != 0 and words in result.stderr
-    assert "Traceback" not in result.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs(tmp_path_factory):
+    """Each of BAD_FLAGS's runs, all in one process."""
+    folder = tmp_path_factory.mktemp("folder")
+    return dict(zip([flag for flag, _ in BAD_FLAGS], run_refusals(
+        "benchmarks.input_pipeline", [[flag, f"--folder={folder}"] for flag, _ in BAD_FLAGS])))
+
+
+@pytest.mark.parametrize("flag, words", BAD_FLAGS)
+def test_bad_flags_are_one_line(flag, words, bad_flag_runs):
+    code, stderr = bad_flag_runs[flag]
+    assert code != 0 and words in stderr
+    assert "Traceback" not in stderr

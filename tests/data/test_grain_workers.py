@@ -2,7 +2,8 @@
 threads' stream exactly (resumed, per process, evaluation padded), any batch
 asked for again, bad ``workers`` refused, and a script that cannot start
 workers told why in one line.  A file refused inside a worker:
-tests/data/test_hostile_files.py."""
+tests/data/test_hostile_files.py.  The tests that start worker processes
+run on the JAX leg (tests/backend.py: ``jax_route``)."""
 
 import os
 import select
@@ -20,6 +21,7 @@ from keras_identity import _cpu_kernels as cpu_kernels
 from keras_identity.data import arrays
 from keras_identity.data.image_dataset import ImageDataset
 from keras_identity.data.normalization import Normalization
+from tests.backend import jax_route
 
 pytest.importorskip("grain")
 
@@ -42,6 +44,7 @@ def _batches(stream, indices):
     return [tuple(np.asarray(part) for part in stream[i]) for i in indices]
 
 
+@jax_route
 def test_worker_processes_give_the_threads_stream(tmp_path):
     data = _files(tmp_path)
     norm = Normalization.imagenet()
@@ -140,6 +143,7 @@ def test_workers_for_arrays_in_memory_are_refused():
                            worker_processes=2)
 
 
+@jax_route
 def test_a_script_without_a_main_guard_is_told_why_its_workers_stopped(tmp_path):
     """Worker processes are spawned, so they import the script again; one
     that trains at its top level stops them: one line says what to do."""
@@ -200,6 +204,7 @@ def _run_streams(tmp_path, body, **kwargs):
                             env=dict(os.environ, PYTHONPATH=os.getcwd()), **kwargs)
 
 
+@jax_route
 def test_streams_read_and_ended_leave_no_shared_memory(tmp_path):
     """Issue 61, case 6: a run with --input_workers=2 ended with "There
     appear to be 4 leaked shared_memory objects": the evaluation stream's
@@ -240,6 +245,7 @@ def _mapped_shared_memory(pid):
                 if "/dev/shm/psm_" in line and "(deleted)" not in line}
 
 
+@jax_route
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_workers_exit_when_the_training_process_is_killed(tmp_path):
     """Issue 61, case 14: a SIGKILL to the training process left both Grain

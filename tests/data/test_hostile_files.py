@@ -24,6 +24,7 @@ from keras_identity.data import image_headers
 from keras_identity.data import load_dataset
 from keras_identity.data.decoding import decode_image
 from keras_identity.data.errors import as_data_error
+from tests.backend import jax_route
 
 
 def _encode(value, size=(8, 8), format="JPEG"):
@@ -199,7 +200,8 @@ def test_tf_data_streams_are_unchanged_by_the_checks(tmp_path):
     assert np.concatenate([y for _, y in test]).tolist() == [0, 0, 0, 1, 1, 1]
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["threads", "grain_workers"])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=jax_route)],
+                         ids=["threads", "grain_workers"])
 def test_the_jax_route_names_the_file_from_its_threads_or_worker_processes(tmp_path,
                                                                            workers):
     if workers:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import keras_identity as ki
+from keras_identity import _tensorflow
 from keras_identity.data.fingerprints import file_sha256
 from keras_identity.models import pretrained
 from keras_identity.training import model_card
@@ -125,18 +126,87 @@ def test_the_cifar10_presets_are_resnet20s_trained_on_the_jpeg_copy():
     assert original["data_reference"]["test_error"] == pytest.approx(0.1263)
 
 
+# Every 10th of the 10,000 JPEG test images (100 of each class), by index in
+# that subset: those each CIFAR-10 preset gets wrong, in float32 from pixels
+# (include_preprocessing=True), recorded with _build and predict as below on
+# TensorFlow 2.21 and JAX 0.10.  The JPEGs decode to slightly other pixels
+# where TensorFlow is installed (its decoder) than by Pillow elsewhere
+# (keras_identity.data.decoding), so each has its list.
+EVERY_10TH_WRONG = {
+    ("resnet20_cifar10.keras", "tensorflow"): [
+        7, 8, 22, 32, 33, 35, 47, 53, 73, 75, 86, 91, 92, 98, 103, 169, 178, 183, 189,
+        199, 202, 208, 211, 216, 221, 223, 228, 232, 245, 250, 254, 257, 259, 271, 272,
+        277, 279, 280, 304, 309, 311, 312, 314, 322, 325, 327, 328, 330, 333, 341, 353,
+        355, 360, 362, 367, 369, 374, 377, 381, 384, 387, 390, 391, 395, 403, 413, 423,
+        430, 455, 461, 466, 470, 480, 481, 483, 504, 516, 526, 536, 546, 548, 550, 554,
+        557, 559, 563, 584, 592, 605, 609, 621, 624, 679, 686, 688, 690, 693, 714, 740,
+        747, 748, 773, 775, 777, 783, 789, 798, 802, 807, 821, 835, 836, 843, 862, 872,
+        916, 918, 930, 932, 933, 964, 995, 997
+    ],
+    ("preact_resnet20_cifar10.keras", "tensorflow"): [
+        7, 9, 22, 30, 32, 33, 34, 53, 64, 70, 73, 76, 82, 86, 87, 92, 98, 99, 102, 169,
+        172, 189, 207, 208, 211, 216, 221, 223, 228, 232, 245, 250, 254, 257, 259, 271,
+        272, 274, 277, 279, 280, 284, 294, 307, 309, 311, 312, 313, 314, 320, 325, 333,
+        340, 341, 344, 346, 353, 354, 362, 367, 369, 377, 381, 384, 388, 390, 391, 395,
+        413, 423, 455, 461, 466, 470, 480, 481, 504, 509, 512, 520, 521, 526, 530, 531,
+        533, 538, 546, 548, 550, 554, 555, 557, 563, 566, 580, 584, 597, 609, 612, 613,
+        624, 668, 686, 693, 722, 740, 742, 748, 752, 766, 783, 789, 790, 802, 807, 827,
+        843, 855, 862, 910, 913, 916, 917, 930, 932, 933, 964, 995
+    ],
+    ("resnet20_cifar10.keras", "pillow"): [
+        7, 8, 22, 32, 33, 35, 47, 53, 73, 75, 86, 91, 92, 98, 103, 169, 178, 183, 189,
+        199, 208, 211, 216, 221, 223, 228, 232, 245, 250, 254, 257, 259, 271, 272, 277,
+        279, 280, 304, 309, 311, 312, 314, 322, 325, 327, 330, 333, 341, 353, 355, 357,
+        360, 362, 367, 369, 374, 377, 381, 384, 387, 390, 391, 395, 413, 423, 430, 433,
+        455, 461, 466, 470, 480, 481, 483, 504, 516, 526, 536, 546, 548, 550, 554, 557,
+        559, 563, 584, 592, 605, 609, 621, 624, 668, 679, 686, 688, 690, 693, 714, 739,
+        740, 747, 748, 773, 775, 777, 783, 789, 798, 802, 807, 821, 835, 836, 843, 862,
+        872, 916, 918, 930, 932, 933, 964, 995
+    ],
+    ("preact_resnet20_cifar10.keras", "pillow"): [
+        7, 9, 22, 30, 32, 33, 34, 53, 54, 64, 70, 73, 76, 86, 87, 92, 98, 99, 102, 169,
+        172, 189, 204, 207, 208, 211, 216, 221, 223, 228, 232, 245, 250, 254, 257, 259,
+        271, 272, 274, 277, 279, 284, 294, 307, 309, 311, 312, 313, 314, 320, 325, 333,
+        340, 341, 344, 346, 353, 354, 362, 367, 369, 377, 381, 382, 384, 388, 390, 391,
+        395, 413, 423, 427, 455, 461, 466, 470, 480, 481, 504, 509, 520, 521, 526, 530,
+        531, 533, 538, 546, 548, 550, 554, 555, 557, 563, 566, 580, 584, 597, 609, 612,
+        613, 624, 668, 686, 693, 722, 740, 742, 748, 752, 766, 783, 789, 790, 802, 807,
+        827, 843, 855, 862, 910, 913, 916, 917, 930, 932, 933, 964, 995
+    ],
+}
+
+
+def _cifar10_predictions(preset, x):
+    model = _build(preset, include_preprocessing=True)
+    return np.argmax(model.predict(x, batch_size=500, verbose=0), -1)
+
+
+@pytest.mark.parametrize("preset", CIFAR10, ids=[p.file for p in CIFAR10])
+def test_every_cifar10_preset_gets_the_same_test_images_wrong(preset, cifar10_test):
+    """On this backend, the images of every 10th test image it got wrong when
+    the list was recorded (two images either way: rounding at the boundary),
+    and, without its top, a backbone at any input size of its channels."""
+    x, y = cifar10_test
+    wrong = set(np.flatnonzero(_cifar10_predictions(preset, x[::10]) != y[::10]).tolist())
+    decoder = "tensorflow" if _tensorflow.available() else "pillow"
+    assert len(wrong ^ set(EVERY_10TH_WRONG[preset.file, decoder])) <= 2, sorted(wrong)
+    backbone = _build(preset, include_top=False, pooling="avg", input_shape=(48, 40, 3))
+    assert backbone.output_shape == (None, 64)
+
+
+# The 10,000 images take 15-35 s a preset on 2 cores: slow tests; the default
+# run checks every 10th image, image by image, above.
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", CIFAR10, ids=[p.file for p in CIFAR10])
 def test_every_cifar10_preset_scores_its_cards_test_error(preset, cifar10_test):
     """On this backend, in float32 from pixels in [0, 255]
     (include_preprocessing=True: the preset's per-pixel mean), within 0.2 point
-    of the error its training run measured on the same 10,000 JPEG test images."""
+    of the error its training run measured on the same 10,000 JPEG test images
+    (slow: 15-35 s each on 2 cores; the default run checks every 10th image
+    image by image instead)."""
     x, y = cifar10_test
-    model = _build(preset, include_preprocessing=True)
-    error = float(np.mean(np.argmax(model.predict(x, batch_size=500, verbose=0), -1) != y))
+    error = float(np.mean(_cifar10_predictions(preset, x) != y))
     assert abs(error - preset.test_error) <= 0.002, (error, preset.test_error)
-    # without its top: the backbone, at any input size of its channels
-    backbone = _build(preset, include_top=False, pooling="avg", input_shape=(48, 40, 3))
-    assert backbone.output_shape == (None, 64)
 
 
 def test_a_preset_loads_as_a_backbone_and_with_its_preprocessing(mnist_test):
