@@ -225,41 +225,58 @@ KERAS_EXPORT_FRESH = """
 import sys
 import numpy as np
 import tensorflow as tf
-served = tf.saved_model.load(sys.argv[1])
-images = np.load(sys.argv[2])
-np.save(sys.argv[3], served.serve(tf.constant(images)).numpy())
+for exported in sys.argv[1:]:
+    served = tf.saved_model.load(exported)
+    images = np.load(exported + ".images.npy")
+    np.save(exported + ".out.npy", served.serve(tf.constant(images)).numpy())
 """
 
+KERAS_EXPORTS = {
+    "preact_resnet11": (lambda: ki.models.preact_resnet(
+        11, include_preprocessing=True, normalization="per_channel"), (32, 32, 3)),
+    "preact_resnet38_scan": (lambda: ki.models.preact_resnet(
+        38, stage_mode="scan", recompute="bn_relu", include_preprocessing=True,
+        normalization="per_pixel_mean"), (32, 32, 3)),
+    "highway10": (lambda: ki.models.highway_net(10, include_preprocessing=True), (28, 28, 1)),
+    "highway7_conv": (lambda: ki.models.highway_net(
+        7, dataset="cifar10", width=4, include_preprocessing=True, normalization="scale"),
+        (32, 32, 3)),
+}
 
-@pytest.mark.parametrize("build, shape", [
-    (lambda: ki.models.preact_resnet(11, include_preprocessing=True,
-                                     normalization="per_channel"), (32, 32, 3)),
-    (lambda: ki.models.preact_resnet(38, stage_mode="scan", recompute="bn_relu",
-                                     include_preprocessing=True,
-                                     normalization="per_pixel_mean"), (32, 32, 3)),
-    (lambda: ki.models.highway_net(10, include_preprocessing=True), (28, 28, 1)),
-    (lambda: ki.models.highway_net(7, dataset="cifar10", width=4,
-                                   include_preprocessing=True, normalization="scale"),
-     (32, 32, 3)),
-])
-def test_keras_model_export_matches_predict_in_a_fresh_process(build, shape, tmp_path, rng):
+
+@pytest.fixture(scope="module")
+def keras_exports(tmp_path_factory):
+    """Each of KERAS_EXPORTS exported by ``model.export`` with the outputs of
+    its ``predict`` on three images, and those of the exports loaded in one
+    fresh process (one TensorFlow start for the four)."""
+    root = tmp_path_factory.mktemp("keras_exports")
+    rng = np.random.default_rng(0)
+    expected = {}
+    for name, (build, shape) in KERAS_EXPORTS.items():
+        keras.utils.set_random_seed(1234)
+        model = build()
+        images = rng.integers(0, 256, (3,) + shape).astype(np.float32)
+        layer = model.get_layer("preprocessing")
+        if not layer.adapted:
+            layer.adapt(rng.integers(0, 256, (16,) + shape).astype(np.uint8))
+        model.export(str(root / name), verbose=False)
+        np.save(root / f"{name}.images.npy", images)
+        expected[name] = model.predict(images, verbose=0)
+        keras.backend.clear_session()
+    script = root / "fresh.py"
+    script.write_text(KERAS_EXPORT_FRESH)
+    subprocess.run([sys.executable, str(script), *(str(root / name) for name in KERAS_EXPORTS)],
+                   check=True, capture_output=True, env=dict(os.environ, KERAS_BACKEND="tensorflow"))
+    return {name: (np.load(root / f"{name}.out.npy"), expected[name]) for name in KERAS_EXPORTS}
+
+
+@pytest.mark.parametrize("name", list(KERAS_EXPORTS))
+def test_keras_model_export_matches_predict_in_a_fresh_process(name, keras_exports):
     """``model.export(path)`` (Keras's own) of a model with its preprocessing:
     raw pixels in, the outputs of ``predict`` out, in a process that has
     neither Keras nor keras_identity imported."""
-    model = build()
-    images = rng.integers(0, 256, (3,) + shape).astype(np.float32)
-    layer = model.get_layer("preprocessing")
-    if not layer.adapted:
-        layer.adapt(rng.integers(0, 256, (16,) + shape).astype(np.uint8))
-    model.export(str(tmp_path / "exported"), verbose=False)
-    np.save(tmp_path / "images.npy", images)
-    script = tmp_path / "fresh.py"
-    script.write_text(KERAS_EXPORT_FRESH)
-    subprocess.run([sys.executable, str(script), str(tmp_path / "exported"),
-                    str(tmp_path / "images.npy"), str(tmp_path / "out.npy")], check=True,
-                   capture_output=True, env=dict(os.environ, KERAS_BACKEND="tensorflow"))
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"),
-                               model.predict(images, verbose=0), atol=2e-5)
+    served, predicted = keras_exports[name]
+    np.testing.assert_allclose(served, predicted, atol=2e-5)
 
 
 def test_a_model_without_preprocessing_is_refused_unless_it_takes_raw_pixels(tmp_path, rng):
