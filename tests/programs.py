@@ -1,6 +1,7 @@
 """Runs a command-line program's refusals as a user meets them, many in one
-process: the program's ``run()`` (the console command) is called once per
-argument list, its flags reset to their defaults between calls (absl re-parses
+process: the program's ``run()`` (the console command; or the module run as
+``python -m`` runs it, where its flags are defined under its ``__main__``
+guard) is called once per argument list, its flags reset to their defaults between calls (absl re-parses
 them on each run), and each call's exit code and standard error are kept.
 One interpreter start (TensorFlow or JAX imported once) instead of one per
 case; what each case prints and how it exits are the program's own.
@@ -17,22 +18,29 @@ import sys
 from tests.conftest import REPO
 
 _DRIVER = r"""
-import contextlib, importlib, io, json, sys
+import contextlib, importlib, io, json, runpy, sys
 from absl import flags
 results = []
 for name, args in json.loads(sys.argv[1]):
     module = importlib.import_module(name)
+    defined = set(flags.FLAGS)
+    if hasattr(module, "run"):
+        entry = module.run
+    else:  # a program whose flags are defined under its __main__ guard
+        entry = lambda: runpy.run_module(name, run_name="__main__")
     flags.FLAGS.unparse_flags()
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
     sys.argv = [sys.argv[0]] + args
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
         try:
-            module.run()
+            entry()
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
             if exit.code is not None and not isinstance(exit.code, int):
                 print(exit.code, file=sys.stderr)  # as the interpreter prints sys.exit("...")
+    for flag in set(flags.FLAGS) - defined:  # defined by that run, again by the next
+        delattr(flags.FLAGS, flag)
     results.append([code, stderr.getvalue(), stdout.getvalue()])
 print("\nRESULTS " + json.dumps(results))
 """

@@ -7,6 +7,7 @@ import keras
 import pytest
 
 from tests.conftest import REPO
+from tests.programs import run_refusals
 
 
 def _cli(*args, timeout=600):
@@ -38,14 +39,23 @@ def test_small_run_prints_the_breakdown():
     assert faults >= 0 and float(cells["peak MB"].replace(",", "")) > 100
 
 
-@pytest.mark.parametrize("args, words", [
+BAD_FLAGS = [
     (["--depth=100"], ["--depth=100", "9n+2"]),
     (["--recompute=all"], ["--recompute=all", "bn_relu"]),
     (["--pretouch_mb=-1"], ["--pretouch_mb=-1"]),
-])
-def test_bad_flags_exit_with_one_line(args, words):
-    result = _cli(*args)
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs():
+    """Each of BAD_FLAGS's runs, all in one process."""
+    return run_refusals("benchmarks.first_step", [args for args, _ in BAD_FLAGS])
+
+
+@pytest.mark.parametrize("args, words", BAD_FLAGS)
+def test_bad_flags_exit_with_one_line(args, words, bad_flag_runs):
+    code, stderr = bad_flag_runs[BAD_FLAGS.index((args, words))]
+    assert code != 0
+    last = stderr.strip().splitlines()[-1]
     for word in words:
         assert word in last
