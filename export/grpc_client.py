@@ -53,5 +53,9 @@ def main(argv):
         print(path + ": " + ", ".join(f"{name} {score:.3f}" for name, score in top))
 
 
-if __name__ == "__main__":
+def run():
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -23,7 +23,6 @@ from absl import flags
 results = []
 for name, args in json.loads(sys.argv[1]):
     module = importlib.import_module(name)
-    defined = set(flags.FLAGS)
     if hasattr(module, "run"):
         entry = module.run
     else:  # a program whose flags are defined under its __main__ guard
@@ -39,8 +38,10 @@ for name, args in json.loads(sys.argv[1]):
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
             if exit.code is not None and not isinstance(exit.code, int):
                 print(exit.code, file=sys.stderr)  # as the interpreter prints sys.exit("...")
-    for flag in set(flags.FLAGS) - defined:  # defined by that run, again by the next
-        delattr(flags.FLAGS, flag)
+    # The flags its __main__ defined (absl files them under sys.argv[0]): the
+    # next run defines them again.
+    for flag in list(flags.FLAGS.flags_by_module_dict().get(sys.argv[0], [])):
+        delattr(flags.FLAGS, flag.name)
     results.append([code, stderr.getvalue(), stdout.getvalue()])
 print("\nRESULTS " + json.dumps(results))
 """

@@ -48,16 +48,16 @@ def trained_run(tmp_path_factory):
 
 
 def test_export_cli_writes_numbered_versions(trained_run, tmp_path):
+    """Two exports to one directory: versions 1 and 2 (both runs in one
+    process: the program's own process is tested below)."""
     model = str(trained_run / "r8" / "model.keras")
     base = str(tmp_path / "serving" / "r8")     # its own: the server tests export too
-    first = run_module("export.export_saved_model", f"--model_path={model}",
-                       f"--export_dir={base}")
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert "3 warm-up requests replayed" in first.stdout
-    assert f"tensorflow_model_server --model_name=r8 --model_base_path={base}" in first.stdout
-    second = run_module("export.export_saved_model", f"--model_path={model}",
-                        f"--export_dir={base}")
-    assert second.returncode == 0
+    (first, first_err, first_out), (second, second_err, _) = run_cases(
+        "keras_identity_cli.export", [[f"--model_path={model}", f"--export_dir={base}"]] * 2)
+    assert first == 0, first_err[-2000:]
+    assert "3 warm-up requests replayed" in first_out
+    assert f"tensorflow_model_server --model_name=r8 --model_base_path={base}" in first_out
+    assert second == 0, second_err[-2000:]
     assert sorted(os.listdir(base)) == ["1", "2"]
 
 
@@ -68,10 +68,12 @@ WITHOUT_SERVING_API = ('import sys; sys.modules["tensorflow_serving"] = None; '
                        'from keras_identity_cli.{0} import run; run()')
 
 
+@backend_neutral
 def test_export_and_serve_without_tensorflow_serving_api(trained_run, tmp_path):
     """After pip install ".[cpu]" (no tensorflow-serving-api: issue 61, case
     7) the README's command writes and replays the warm-up requests, and
-    keras-identity-serve answers gRPC."""
+    keras-identity-serve answers gRPC.  (What it leaves out is the same on
+    every backend; a JAX model's export: the tests above.)"""
     import grpc
     import tensorflow as tf
 
@@ -320,55 +322,34 @@ def _post(url, body):
         return error.code, json.loads(error.read())
 
 
-def test_local_server_answers_rest_and_grpc_clients(trained_run, tmp_path):
-    base = trained_run / "serving" / "r8"
-    if not base.exists():
-        run_module("export.export_saved_model",
-                   f"--model_path={trained_run / 'r8' / 'model.keras'}", f"--export_dir={base}")
-    rest_port, grpc_port = _free_port(), _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "export.serve_local", "--model_name=r8",
-         f"--model_base_path={base}", f"--rest_api_port={rest_port}", f"--port={grpc_port}"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url = f"http://127.0.0.1:{rest_port}/v1/models/r8"
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    status = json.loads(response.read())
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.time() < deadline and server.poll() is None, server.stdout.read()
-                time.sleep(0.5)
-        assert status["model_version_status"][0]["state"] == "AVAILABLE"
-        image = np.random.default_rng(1).integers(0, 256, (32, 32, 3)).astype(np.uint8)
-        encoded = base64.b64encode(encode_png(image)).decode()
-        # The README's curl body.
-        code, body = _post(url + ":predict", {"signature_name": "serving_bytes",
-                                              "instances": [{"image_bytes": {"b64": encoded}}]})
-        assert code == 200
-        assert len(body["predictions"][0]["probabilities"]) == 10
-        code, body = _post(url + ":predict", {"signature_name": "serving_bytes",
-                                              "instances": [{"b64": "aGVsbG8="}]})
-        assert code == 400 and "Unknown image file format" in body["error"]
-        # The README's gRPC client.
-        png = tmp_path / "image.png"
-        png.write_bytes(encode_png(image))
-        client = run_module("export.grpc_client", f"--server=127.0.0.1:{grpc_port}",
-                            "--model_name=r8", str(png), timeout=120)
-        assert client.returncode == 0, client.stderr[-2000:]
-        assert client.stdout.startswith(f"{png}: ")
-        names = [p.split()[0] for p in client.stdout.split(": ", 1)[1].split(", ")]
-        assert len(names) == 5
-        bad = tmp_path / "bad.png"
-        bad.write_bytes(b"not a png")
-        failed = run_module("export.grpc_client", f"--server=127.0.0.1:{grpc_port}",
-                            "--model_name=r8", str(bad), timeout=120)
-        assert failed.returncode == 1 and "INVALID_ARGUMENT" in failed.stderr
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+@backend_neutral
+def test_local_server_answers_rest_and_grpc_clients(local_server, tmp_path):
+    """The README's curl body and gRPC client against keras-identity-serve."""
+    _, url, _, grpc_port = local_server
+    with urllib.request.urlopen(url, timeout=5) as response:
+        status = json.loads(response.read())
+    assert status["model_version_status"][0]["state"] == "AVAILABLE"
+    image = np.random.default_rng(1).integers(0, 256, (32, 32, 3)).astype(np.uint8)
+    encoded = base64.b64encode(encode_png(image)).decode()
+    # The README's curl body.
+    code, body = _post(url + ":predict", {"signature_name": "serving_bytes",
+                                          "instances": [{"image_bytes": {"b64": encoded}}]})
+    assert code == 200
+    assert len(body["predictions"][0]["probabilities"]) == 10
+    code, body = _post(url + ":predict", {"signature_name": "serving_bytes",
+                                          "instances": [{"b64": "aGVsbG8="}]})
+    assert code == 400 and "Unknown image file format" in body["error"]
+    # The README's gRPC client, on an image and on a file that is none.
+    png, bad = tmp_path / "image.png", tmp_path / "bad.png"
+    png.write_bytes(encode_png(image))
+    bad.write_bytes(b"not a png")
+    (code, _, stdout), (failed, stderr, _) = run_cases("export.grpc_client", [
+        [f"--server=127.0.0.1:{grpc_port}", "--model_name=r8", str(path)]
+        for path in (png, bad)])
+    assert code == 0 and stdout.startswith(f"{png}: ")
+    names = [p.split()[0] for p in stdout.split(": ", 1)[1].split(", ")]
+    assert len(names) == 5
+    assert failed == 1 and "INVALID_ARGUMENT" in stderr
 
 
 # --- nothing bad exports silently (issue 20: 5, 9, 12) --------------------------
@@ -448,10 +429,10 @@ def local_server(trained_run):
     if not base.exists():
         run_module("export.export_saved_model",
                    f"--model_path={trained_run / 'r8' / 'model.keras'}", f"--export_dir={base}")
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "export.serve_local", "--model_name=r8",
-         f"--model_base_path={base}", f"--rest_api_port={port}", "--port=0",
+         f"--model_base_path={base}", f"--rest_api_port={port}", f"--port={grpc_port}",
          "--read_timeout_s=1"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     url = f"http://127.0.0.1:{port}/v1/models/r8"
@@ -462,7 +443,7 @@ def local_server(trained_run):
             break
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.2)
-    yield port, url, base
+    yield port, url, base, grpc_port
     server.kill()
     server.wait()
 
@@ -485,7 +466,7 @@ def _raw(port, data, timeout=10, close_after=False):
 def test_two_hundred_concurrent_clients_get_answers(local_server):
     import concurrent.futures
 
-    port, url, _ = local_server
+    port, url, _, _ = local_server
     body = {"signature_name": "serving_uint8",
             "instances": [np.zeros((32, 32, 3), np.uint8).tolist()]}
     statuses, failures = [], []
@@ -521,7 +502,7 @@ def test_two_hundred_concurrent_clients_get_answers(local_server):
 @backend_neutral
 def test_malformed_requests_get_400_not_a_dropped_connection(local_server, request_bytes,
                                                                words):
-    port, _, _ = local_server
+    port, _, _, _ = local_server
     answer = _raw(port, request_bytes)
     for word in words:
         assert word in answer, answer[:500]
@@ -529,7 +510,7 @@ def test_malformed_requests_get_400_not_a_dropped_connection(local_server, reque
 
 @backend_neutral
 def test_a_body_cut_short_is_400_and_a_zero_padded_version_is_the_served_one(local_server):
-    port, url, _ = local_server
+    port, url, _, _ = local_server
     answer = _raw(port, b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: 500\r\n\r\n"
                         b'{"instances": ', close_after=True)
     assert answer.startswith("HTTP/1.0 400") and "fewer than its Content-Length 500" in answer
@@ -572,7 +553,7 @@ def _slow_client(port, seconds_per_byte=0.2, limit=30.0):
 def test_slow_clients_neither_starve_others_nor_outstay_the_deadline(local_server, slow):
     import concurrent.futures
 
-    port, url, _ = local_server  # --read_timeout_s=1, 4 workers
+    port, url, _, _ = local_server  # --read_timeout_s=1, 4 workers
     body = {"signature_name": "serving_uint8",
             "instances": [np.zeros((32, 32, 3), np.uint8).tolist()]}
     assert _post(url + ":predict", body)[0] == 200
@@ -606,7 +587,7 @@ def test_slow_clients_neither_starve_others_nor_outstay_the_deadline(local_serve
 @backend_neutral
 def test_unknown_models_and_versions_in_tf_servings_words(local_server, method, path, code,
                                                           message):
-    port, url, _ = local_server
+    port, url, _, _ = local_server
     with urllib.request.urlopen(url, timeout=30) as response:   # the version served
         served = json.loads(response.read())["model_version_status"][0]["version"]
     path = path.format(served=served)
@@ -618,7 +599,7 @@ def test_unknown_models_and_versions_in_tf_servings_words(local_server, method, 
 
 @backend_neutral
 def test_deeply_nested_json_is_400(local_server):
-    port, _, _ = local_server
+    port, _, _, _ = local_server
     body = b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     answer = _raw(port, b"POST /v1/models/r8:predict HTTP/1.1\r\nContent-Length: "
                   + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -627,7 +608,7 @@ def test_deeply_nested_json_is_400(local_server):
 
 @backend_neutral
 def test_bad_version_directory_and_port_in_use_are_one_line(local_server, tmp_path):
-    port, _, base = local_server
+    port, _, base, _ = local_server
     broken = tmp_path / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "1" / "saved_model.pb").write_bytes(b"not a protobuf")
