@@ -444,10 +444,16 @@ def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(2)], machines
 
+    # The uninterrupted reference: one process over two devices, which two
+    # processes equal (tests/training/test_jax_processes.py).
     straight_dir = gcs_emulator("pair-straight")
-    procs, _ = pair(straight_dir, "s")
-    outputs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    cwd, tmp = _machine(tmp_path, "s")
+    straight = subprocess.run(
+        _command(straight_dir, "--train_steps=16", "--checkpoint_every=epoch"), cwd=cwd,
+        env=dict(_env(gcs_emulator, tmp), XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "DataParallel (2 CPU)" in straight.stdout
 
     model_dir = gcs_emulator("pair")
     procs, machines = pair(model_dir, "a")
