@@ -4,11 +4,21 @@ per test file (the sum of what the log lists).
 
     python -m pytest -q -n auto --dist loadfile --durations=0 > tf.log
     python .ci/durations.py tf.log [--top=40]
+
+With ``--record=tensorflow`` (or ``jax``) it also writes the time per test
+file into tests/file_seconds.json under that backend: the test processes take
+the slowest files first from it (tests/conftest.py), so that the last files
+left for a process are short ones.
 """
 
 import argparse
 import collections
+import json
+import os
 import re
+
+RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                      "file_seconds.json")
 
 _LINE = re.compile(r"([\d.]+)s (setup|call|teardown)\s+(\S+?)::(\S.*)")
 
@@ -26,6 +36,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--record", choices=["tensorflow", "jax"],
+                        help="write the time per file into tests/file_seconds.json")
     args = parser.parse_args()
     tests = read(args.log)
     if not tests:
@@ -42,6 +54,13 @@ def main():
     print("\n| test file | tests | s |\n| --- | ---: | ---: |")
     for file, seconds in files.most_common():
         print(f"| `{file}` | {counts[file]} | {seconds:.1f} |")
+    if args.record:
+        recorded = json.load(open(RECORD)) if os.path.exists(RECORD) else {}
+        recorded[args.record] = {file: round(seconds, 1) for file, seconds
+                                 in sorted(files.items())}
+        with open(RECORD, "w") as f:
+            json.dump(recorded, f, indent=1, sort_keys=True)
+            f.write("\n")
 
 
 if __name__ == "__main__":

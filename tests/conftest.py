@@ -1,3 +1,5 @@
+import importlib.util
+import json
 import os
 import tempfile
 
@@ -9,6 +11,16 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "keras_identity_tests_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# On JAX, XLA compiles the tests' programs (and those of the programs the tests
+# start) at LLVM's lowest optimisation level: the tests' models are tiny, so
+# compiling them is most of their time, a third less so (the looped-stage
+# tests: 117 s against 77 s on 2 cores).  What the programs compute is the
+# same, to rounding, which every comparison allows for across CPUs; nothing
+# here is timed against a bound.  A user's own XLA_FLAGS are kept.
+if (os.environ.get("KERAS_BACKEND") == "jax"
+        or (not os.environ.get("KERAS_BACKEND")
+            and importlib.util.find_spec("tensorflow") is None)):
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -78,8 +90,25 @@ def pytest_addoption(parser):
                           "tests/conftest.py)")
 
 
+# The slowest test files first (their time on this backend in
+# tests/file_seconds.json, written by `.ci/durations.py LOG --record=BACKEND`):
+# pytest-xdist hands out whole files (--dist loadfile) in this order, so the
+# files left when one process runs out of work are short ones, not a file of
+# minutes with the other core idle.  Files not listed come last.
+def _slowest_files_first(items):
+    path = os.path.join(REPO, "tests", "file_seconds.json")
+    try:
+        with open(path) as f:
+            seconds = json.load(f).get(keras.backend.backend(), {})
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+
+
 def pytest_collection_modifyitems(config, items):
     from keras_identity import _tensorflow
+
+    _slowest_files_first(items)
 
     if not _tensorflow.available():
         skip = pytest.mark.skip(reason="needs TensorFlow, which is not installed")

@@ -4,6 +4,7 @@ each runtime."""
 
 import os
 
+import numpy as np
 import pytest
 
 from tests.backend import default_route
@@ -72,15 +73,29 @@ def test_tensorflow_on_a_tpu_runtime_without_wheels_says_what_to_pick():
         plan("torch", "tpu", (3, 12))
 
 
+def _tiny_cifar10(tmp_path):
+    """A CIFAR-10-like set of 256 training and 64 test images (offline files,
+    as DATA_DIR takes them; decoding the shared JPEG copy and evaluating on
+    its 10,000 test images would be most of the test's time)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "cifar10-like.npz"
+    np.savez(path, x_train=rng.integers(0, 256, (256, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 256),
+             x_test=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 64))
+    return str(path)
+
+
 # Each route runs in a kernel of its own; the export cell needs TensorFlow (on
 # Colab it installs it): run once, beside TensorFlow.
 @default_route
 @pytest.mark.parametrize("route", ["tensorflow", "jax"])
-def test_notebook_runs_top_to_bottom(route, tmp_path, shared_dir):
+def test_notebook_runs_top_to_bottom(route, tmp_path):
+    data_dir = _tiny_cifar10(tmp_path)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     parameters = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(parameters) == 1
-    parameters[0].source = TINY.format(route=route, data_dir=os.path.join(shared_dir, "data"))
+    parameters[0].source = TINY.format(route=route, data_dir=data_dir)
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
@@ -103,7 +118,7 @@ def test_notebook_runs_top_to_bottom(route, tmp_path, shared_dir):
         train_cell = next(i for i, c in enumerate(again.cells) if "train(config" in c.source)
         again.cells = again.cells[:train_cell + 1]
         next(c for c in again.cells if "parameters" in c.metadata.get("tags", [])).source = \
-            TINY.format(route=route, data_dir=os.path.join(shared_dir, "data")).replace(
+            TINY.format(route=route, data_dir=data_dir).replace(
                 "TRAIN_STEPS = 2", "TRAIN_STEPS = 4")
         nbclient.NotebookClient(again, timeout=600, kernel_name="python3", resources={
             "metadata": {"path": str(tmp_path)}}).execute()

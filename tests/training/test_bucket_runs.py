@@ -450,7 +450,8 @@ def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
     cwd, tmp = _machine(tmp_path, "s")
     straight = subprocess.run(
         _command(straight_dir, "--train_steps=16", "--checkpoint_every=epoch"), cwd=cwd,
-        env=dict(_env(gcs_emulator, tmp), XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        env=dict(_env(gcs_emulator, tmp), XLA_FLAGS=" ".join(
+            [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=2"])),
         capture_output=True, text=True, timeout=600)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "DataParallel (2 CPU)" in straight.stdout

@@ -27,8 +27,8 @@ print(json.dumps({"history": [[h["loss"], h["test_loss"], h["test_error"]]
 
 
 def _train(tmp_path, devices):
-    env = dict(os.environ, KERAS_BACKEND="jax",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS=" ".join(
+        [os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={devices}"]))
     out = subprocess.run([sys.executable, "-c", RUN, str(tmp_path / f"d{devices}")],
                          env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])

@@ -48,10 +48,12 @@ def _port():
 
 
 def _env(devices=None):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(KERAS_BACKEND="jax", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONUNBUFFERED="1")
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
     if devices:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    env["XLA_FLAGS"] = " ".join(flags)
     return env
 
 

@@ -89,7 +89,8 @@ def _train(tmp_path, data, backend, devices, strategy, precision, per_execution,
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=REPO)
     script = RUN
     if backend == "jax":
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                     f"--xla_force_host_platform_device_count={devices}"])
     elif devices > 1:  # two logical CPU devices for MirroredStrategy
         script = ("import tensorflow as tf\n"
                   "cpu = tf.config.list_physical_devices('CPU')[0]\n"
