@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import os
 import tempfile
@@ -11,16 +10,6 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "keras_identity_tests_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# On JAX, XLA compiles the tests' programs (and those of the programs the tests
-# start) at LLVM's lowest optimisation level: the tests' models are tiny, so
-# compiling them is most of their time, a third less so (the looped-stage
-# tests: 117 s against 77 s on 2 cores).  What the programs compute is the
-# same, to rounding, which every comparison allows for across CPUs; nothing
-# here is timed against a bound.  A user's own XLA_FLAGS are kept.
-if (os.environ.get("KERAS_BACKEND") == "jax"
-        or (not os.environ.get("KERAS_BACKEND")
-            and importlib.util.find_spec("tensorflow") is None)):
-    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -181,12 +181,12 @@ def test_plot_runs(tmp_path):
         rows = [{"step": s, "loss": 1.0 / s, "test_error": 0.5 / s} for s in (1, 2, 3)]
         (tmp_path / name / "history.json").write_text(json.dumps(rows))
     out = tmp_path / "both.png"
-    result = run_cli("experiments.plot_runs", f"--run_dirs={tmp_path / 'a'},{tmp_path / 'b'}",
-                     "--labels=one,two", f"--out={out}")
-    assert result.returncode == 0, result.stderr
+    (code, stderr), (bad, bad_err) = run_refusals("experiments.plot_runs", [
+        [f"--run_dirs={tmp_path / 'a'},{tmp_path / 'b'}", "--labels=one,two", f"--out={out}"],
+        [f"--run_dirs={tmp_path}"]])
+    assert code == 0, stderr
     assert out.stat().st_size > 5000
-    bad = run_cli("experiments.plot_runs", f"--run_dirs={tmp_path}")
-    assert bad.returncode == 2 and "has no history.json" in bad.stderr
+    assert bad == 2 and "has no history.json" in bad_err
 
 
 def test_helpshort_lists_the_program_and_model_flags():

@@ -428,9 +428,15 @@ def test_a_checkpoint_from_a_run_with_other_flags_in_a_bucket_is_refused(gcs_emu
 # --- two JAX processes, one run in a bucket ------------------------------------
 
 
+@pytest.mark.slow
 @jax_only
 def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
         gcs_emulator, tmp_path):
+    """Slow (50-90 s on 2 cores: five training processes).  Its two halves are
+    in the default run: two processes stopped by a SIGTERM to one resume as
+    uninterrupted (tests/training/test_jax_processes.py), and a run in a
+    bucket stopped by SIGTERM resumes on a new machine as uninterrupted
+    (test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted)."""
     from tests.training.test_jax_processes import _port
 
     def pair(model_dir, name):
@@ -625,9 +631,15 @@ def test_a_store_that_stops_answering_stops_the_run_in_one_line(stalling_gcs_emu
                      lines[0]), lines
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ORBAX, reason="Orbax checkpoints (the JAX route's)")
 def test_a_store_that_stops_answering_between_checkpoints_names_the_write_that_stalled(
         stalling_gcs_emulator, tmp_path):
+    """Slow (50-130 s on 2 cores): the stall must come while an epoch long
+    enough to be caught trains after a background write's commit (900 steps
+    of a 50-layer net).  A store that stops answering during a run, in one
+    line on both checkpoint formats, is checked in the default run
+    (test_a_store_that_stops_answering_stops_the_run_in_one_line)."""
     # The store stops answering in the second epoch, after the checkpoint of
     # step 300 was written in the background: the save of step 600 waits for
     # that write and confirms its commit by listing the folder, which the
