@@ -81,7 +81,8 @@ def pytest_addoption(parser):
 
 # The slowest test files first (their time on this backend in
 # tests/file_seconds.json, written by `.ci/durations.py LOG --record=BACKEND`):
-# pytest-xdist hands out whole files (--dist loadfile) in this order, so the
+# pytest-xdist hands out whole files (--dist loadfile) in this order
+# (setup.cfg's --no-loadscope-reorder: not by their number of tests), so the
 # files left when one process runs out of work are short ones, not a file of
 # minutes with the other core idle.  Files not listed come last.
 def _slowest_files_first(items):

@@ -26,6 +26,7 @@ for name, args in json.loads(sys.argv[1]):
     if hasattr(module, "run"):
         entry = module.run
     else:  # a program whose flags are defined under its __main__ guard
+        sys.modules.pop(name)  # runpy runs it afresh (and would warn that it is imported)
         entry = lambda: runpy.run_module(name, run_name="__main__")
     flags.FLAGS.unparse_flags()
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -41,7 +42,9 @@ for name, args in json.loads(sys.argv[1]):
     # The flags its __main__ defined (absl files them under sys.argv[0]): the
     # next run defines them again.
     for flag in list(flags.FLAGS.flags_by_module_dict().get(sys.argv[0], [])):
-        delattr(flags.FLAGS, flag.name)
+        for name_or_short in {flag.name, flag.short_name} - {None}:
+            if name_or_short in flags.FLAGS:
+                delattr(flags.FLAGS, name_or_short)
     results.append([code, stderr.getvalue(), stdout.getvalue()])
 print("\nRESULTS " + json.dumps(results))
 """
@@ -72,7 +75,9 @@ def run_programs(runs, cwd=REPO, env=None, timeout=600):
 def _run_in_one_process(runs, cwd, env, timeout):
     result = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(runs)],
                             cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "PYTHONPATH": REPO, **(env or {})})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+                                 **(env or {})})
     lines = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     return [tuple(r) for r in json.loads(lines[-1][len("RESULTS "):])]

@@ -8,6 +8,7 @@ substitution must still find its text, so the README cannot drift from
 what is tested.
 """
 
+import configparser
 import os
 import re
 import shlex
@@ -109,10 +110,13 @@ def _tiny_cifar(path, classes, rng):
              y_test=rng.integers(0, classes, 32))
 
 
-# The console commands' modules (setup.cfg's entry points).
-MODULES = {"keras-identity-train": "keras_identity_cli.train",
-           "keras-identity-tune": "keras_identity_cli.tune",
-           "keras-identity-export": "keras_identity_cli.export"}
+def _console_modules():
+    """``{console command: its module}``, from setup.cfg's entry points."""
+    parser = configparser.ConfigParser()
+    parser.read(os.path.join(REPO, "setup.cfg"))
+    entries = parser["options.entry_points"]["console_scripts"].strip().splitlines()
+    return {name.strip(): target.split(":")[0].strip()
+            for name, target in (entry.split("=") for entry in entries)}
 
 
 @default_route
@@ -129,7 +133,7 @@ def test_readme_commands_run(tmp_path, shared_dir):
         args += SHORTENED[args[0]]
         if any(a.startswith("--depth=") for a in args):
             args.append(SHALLOW)
-        runs.append((MODULES[args[0]], args[1:]))
+        runs.append((_console_modules()[args[0]], args[1:]))
     results = run_programs(runs, cwd=tmp_path, env={"KERAS_BACKEND": "tensorflow"})
     for (module, args), (code, stderr, _) in zip(runs, results):
         assert code == 0, f"{module} {' '.join(args)}\n{stderr[-3000:]}"

@@ -61,6 +61,7 @@ def test_a_folder_it_did_not_make_is_refused_not_trusted(tmp_path, shared_dir):
                 "--warmup=1", "--repeats=1", "--workers=1", "--pipelines=threads"]
     other, folder = tmp_path / "other", tmp_path / "jpegs"
     other.mkdir()
+    folder.mkdir()  # an empty folder is filled
     (other / "notes.txt").write_text("someone else's")
     (tmp_path / "jpegs.partial" / "train").mkdir(parents=True)  # an interrupted make's
     (code, stderr), (made, made_err) = run_refusals("benchmarks.input_pipeline",

@@ -86,9 +86,10 @@ def test_small_run_writes_table_and_json(tmp_path):
 @default_route
 def test_the_library_paths_choose_for_themselves(tmp_path):
     """Slow (45-105 s on 2 cores: a worker process per import order).  The
-    kernels each import order gets are checked in the default run by
-    tests/test_cpu_kernels.py; the benchmark's table and workers by
-    test_small_run_writes_table_and_json."""
+    kernels the library's import orders get are checked in the default run
+    by tests/test_cpu_kernels.py, and the benchmark's table and workers by
+    test_small_run_writes_table_and_json; --tf_imports' rows (Keras imported
+    first, the thread pools each order gets) only here."""
     # The quickstart's order (keras_identity first) gets keras_identity's
     # training kernels without the parent's choice; Keras first gets
     # TensorFlow's own for the CPU; neither gets the trainer's thread pools.

@@ -324,7 +324,10 @@ def _post(url, body):
 
 @backend_neutral
 def test_local_server_answers_rest_and_grpc_clients(local_server, tmp_path):
-    """The README's curl body and gRPC client against keras-identity-serve."""
+    """The README's curl body and gRPC client against keras-identity-serve.
+    (Serving a SavedModel does not depend on the backend that exported it;
+    a JAX model's exports are checked by the tests above and in
+    tests/serving on the JAX leg beside TensorFlow.)"""
     _, url, _, grpc_port = local_server
     with urllib.request.urlopen(url, timeout=5) as response:
         status = json.loads(response.read())

@@ -436,7 +436,9 @@ def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
     in the default run: two processes stopped by a SIGTERM to one resume as
     uninterrupted (tests/training/test_jax_processes.py), and a run in a
     bucket stopped by SIGTERM resumes on a new machine as uninterrupted
-    (test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted)."""
+    (test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted);
+    two processes writing one run's Orbax checkpoints into a bucket, leaving
+    nothing on either machine, only here."""
     from tests.training.test_jax_processes import _port
 
     def pair(model_dir, name):
@@ -639,7 +641,9 @@ def test_a_store_that_stops_answering_between_checkpoints_names_the_write_that_s
     enough to be caught trains after a background write's commit (900 steps
     of a 50-layer net).  A store that stops answering during a run, in one
     line on both checkpoint formats, is checked in the default run
-    (test_a_store_that_stops_answering_stops_the_run_in_one_line)."""
+    (test_a_store_that_stops_answering_stops_the_run_in_one_line); the line
+    naming the earlier write whose commit could not be confirmed, with its
+    cause and within the store's timeout, only here."""
     # The store stops answering in the second epoch, after the checkpoint of
     # step 300 was written in the background: the save of step 600 waits for
     # that write and confirms its commit by listing the folder, which the

@@ -252,8 +252,9 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_they_resume(tmp_path,
     # The uninterrupted reference: one process over two devices, which two
     # processes equal (the test above).
     straight = tmp_path / "straight"
-    subprocess.run(_command(straight, extra), env=_env(devices=2), check=True,
-                   capture_output=True, text=True, timeout=600)
+    done = subprocess.run(_command(straight, extra), env=_env(devices=2), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
 
     run = tmp_path / "run"
     procs = _start_pair(run, extra)

@@ -275,7 +275,8 @@ def test_a_scheduler_signal_saves_exits_75_and_the_same_command_resumes(tmp_path
     (requeue), and the requeued command continues; a log file (stdout not a
     terminal) holds a line per epoch and per checkpoint, no progress bars."""
     model_dir = tmp_path / "run"
-    arguments = ("--epochs=10", "--stop_signal=USR1", "--checkpoint_every=5")
+    # 20 epochs of 8 steps: the signal comes after the second, long before the end.
+    arguments = ("--epochs=20", "--stop_signal=USR1", "--checkpoint_every=5")
     proc, lines = _start(model_dir, *arguments), []
     _read_until(proc, "epoch 2 ", lines)
     proc.send_signal(signal.SIGUSR1)
@@ -287,7 +288,7 @@ def test_a_scheduler_signal_saves_exits_75_and_the_same_command_resumes(tmp_path
         f"the checkpoint of that step is in {model_dir}/checkpoints; run the same command "
         f"to resume (exit status 75)"), err[-2000:]
     step = int(stopped[0].split(" at step ")[1].split()[0].replace(",", ""))
-    assert 16 <= step < 80
+    assert 16 <= step < 160
     state = _latest(str(model_dir / "checkpoints"))
     assert state["step"] == step
     epochs = [line for line in lines if line.startswith("epoch ")]
@@ -303,7 +304,7 @@ def test_a_scheduler_signal_saves_exits_75_and_the_same_command_resumes(tmp_path
     assert f"resuming from the checkpoint at step {step} " in again.stdout
     with open(model_dir / "history.json") as f:
         history = json.load(f)
-    assert [row["step"] for row in history] == list(range(8, 81, 8))
+    assert [row["step"] for row in history] == list(range(8, 161, 8))
 
 
 @default_route
