@@ -55,7 +55,10 @@ def main():
     for file, seconds in files.most_common():
         print(f"| `{file}` | {counts[file]} | {seconds:.1f} |")
     if args.record:
-        recorded = json.load(open(RECORD)) if os.path.exists(RECORD) else {}
+        recorded = {}
+        if os.path.exists(RECORD):
+            with open(RECORD) as f:
+                recorded = json.load(f)
         recorded[args.record] = {file: round(seconds, 1) for file, seconds
                                  in sorted(files.items())}
         with open(RECORD, "w") as f:

@@ -15,11 +15,11 @@ import shlex
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.datasets import cifar_like_npz
 from tests.programs import run_programs
 
 README = os.path.join(REPO, "README.md")
@@ -103,13 +103,6 @@ def test_every_readme_command_is_run_or_named():
             f"README command not covered by tests/test_readme.py: {command}")
 
 
-def _tiny_cifar(path, classes, rng):
-    np.savez(path, x_train=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8),
-             y_train=rng.integers(0, classes, 64),
-             x_test=rng.integers(0, 256, (32, 32, 32, 3), dtype=np.uint8),
-             y_test=rng.integers(0, classes, 32))
-
-
 def _console_modules():
     """``{console command: its module}``, from setup.cfg's entry points."""
     parser = configparser.ConfigParser()
@@ -148,7 +141,7 @@ def test_readme_python_blocks_run(tmp_path, rng):
     """The Quickstart, Layers, Models and Transfer-learning blocks, in one
     process; the transfer-learning example fine-tunes a tiny CIFAR-10
     backbone on a tiny CIFAR-100-like set."""
-    _tiny_cifar(tmp_path / "cifar100.npz", 100, rng)
+    cifar_like_npz(tmp_path / "cifar100.npz", 64, 32, classes=100, rng=rng)
     source = "\n".join(_blocks("python"))
     for old, new in PYTHON_SUBSTITUTIONS:
         assert old in source, f"the README no longer contains {old!r}"

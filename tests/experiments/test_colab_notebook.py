@@ -4,11 +4,11 @@ each runtime."""
 
 import os
 
-import numpy as np
 import pytest
 
 from tests.backend import default_route
 from tests.conftest import REPO
+from tests.datasets import cifar_like_npz
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -73,25 +73,15 @@ def test_tensorflow_on_a_tpu_runtime_without_wheels_says_what_to_pick():
         plan("torch", "tpu", (3, 12))
 
 
-def _tiny_cifar10(tmp_path):
-    """A CIFAR-10-like set of 256 training and 64 test images (offline files,
-    as DATA_DIR takes them; decoding the shared JPEG copy and evaluating on
-    its 10,000 test images would be most of the test's time)."""
-    rng = np.random.default_rng(0)
-    path = tmp_path / "cifar10-like.npz"
-    np.savez(path, x_train=rng.integers(0, 256, (256, 32, 32, 3), dtype=np.uint8),
-             y_train=rng.integers(0, 10, 256),
-             x_test=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8),
-             y_test=rng.integers(0, 10, 64))
-    return str(path)
-
-
 # Each route runs in a kernel of its own; the export cell needs TensorFlow (on
 # Colab it installs it): run once, beside TensorFlow.
 @default_route
 @pytest.mark.parametrize("route", ["tensorflow", "jax"])
 def test_notebook_runs_top_to_bottom(route, tmp_path):
-    data_dir = _tiny_cifar10(tmp_path)
+    # A CIFAR-10-like set of 256 training and 64 test images: decoding the
+    # shared JPEG copy and evaluating on its 10,000 test images would be most
+    # of the test's time.
+    data_dir = cifar_like_npz(tmp_path / "cifar10-like.npz", 256, 64)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     parameters = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(parameters) == 1

@@ -11,6 +11,7 @@ import pytest
 
 from tests.backend import tensorflow_only
 from tests.conftest import REPO
+from tests.datasets import cifar_like_npz
 from tests.programs import error_lines
 from tests.programs import run_cases
 from tests.programs import run_refusals
@@ -255,12 +256,7 @@ def test_odd_static_batches_train_in_parts_as_whole_units(tmp_path, batches):
     # with drop_remainder (a static batch size the parts do not divide at an
     # odd batch).  The first epoch's loss equals that of TensorFlow's own
     # split (--intra_op_threads=0: whole units), run in another process.
-    rng = np.random.default_rng(0)
-    data = tmp_path / "cifar-like.npz"
-    np.savez(data, x_train=rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8),
-             y_train=rng.integers(0, 10, 64),
-             x_test=rng.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8),
-             y_test=rng.integers(0, 10, 16))
+    data = cifar_like_npz(tmp_path / "cifar-like.npz", 64, 16)
     common = ["--model=preact_resnet", "--depth=20", "--stage_mode=scan", "--dataset=cifar10",
               f"--data_dir={data}", "--steps_per_epoch=3", "--epochs=1", "--seed=1",
               "--verbose=0"]
