@@ -7,7 +7,7 @@ One interpreter start (TensorFlow or JAX imported once) instead of one per
 case; what each case prints and how it exits are the program's own.
 :func:`run_programs` runs a guide's commands so, one after the other: the
 runs of one program in a row share a process (two programs may define the
-same flags, so each has its own)."""
+same flags, so each has its own), or, for refusals, all of them one process."""
 
 import itertools
 import json
@@ -15,13 +15,22 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+# Not tests.conftest's REPO: the programs' processes import this module
+# (forget_programs), and conftest imports Keras, which must come after a
+# program's own choices (keras_identity_cli._preload).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _DRIVER = r"""
 import contextlib, importlib, io, json, runpy, sys
 from absl import flags
+from tests.programs import forget_programs
+before = set(sys.modules)
 results = []
+previous = None
 for name, args in json.loads(sys.argv[1]):
+    if previous not in (None, name):
+        forget_programs(before)
+    previous = name
     module = importlib.import_module(name)
     if hasattr(module, "run"):
         entry = module.run
@@ -50,6 +59,31 @@ print("\nRESULTS " + json.dumps(results))
 """
 
 
+PROGRAM_PACKAGES = ("benchmarks", "experiments", "keras_identity_cli")
+
+
+def forget_programs(before):
+    """Removes from this process the program modules
+    (:data:`PROGRAM_PACKAGES`) imported since ``before`` (``set(sys.modules)``
+    then) and the flags they defined: the next program imported defines its
+    flags afresh, even those another program defined (through
+    keras_identity_cli._common, say)."""
+    from absl import flags
+
+    def of_a_program(module):
+        return module.split(".")[0] in PROGRAM_PACKAGES
+
+    for module, defined in flags.FLAGS.flags_by_module_dict().items():
+        if of_a_program(module) and module not in before:
+            for flag in list(defined):
+                for name in {flag.name, flag.short_name} - {None}:
+                    if name in flags.FLAGS:
+                        delattr(flags.FLAGS, name)
+    for module in set(sys.modules) - before:
+        if of_a_program(module):
+            del sys.modules[module]
+
+
 def run_refusals(module, cases, env=None, timeout=600):
     """``[(exit code, stderr), ...]``: ``module``'s ``run()`` with each list of
     arguments of ``cases``, in one fresh process (cwd: the repository)."""
@@ -62,10 +96,17 @@ def run_cases(module, cases, env=None, timeout=600):
     return run_programs([(module, args) for args in cases], env=env, timeout=timeout)
 
 
-def run_programs(runs, cwd=REPO, env=None, timeout=600):
+def run_programs(runs, cwd=REPO, env=None, timeout=600, one_process=False):
     """``[(exit code, stderr, stdout), ...]``: each ``(module, arguments)`` of
     ``runs`` in turn, its ``run()`` called as by :func:`run_refusals`, the
-    runs of one module in a row in one fresh process started in ``cwd``."""
+    runs of one module in a row in one fresh process started in ``cwd``.
+
+    ``one_process=True`` runs them all in one process, each module and the
+    flags it defined removed before another module runs: for runs that leave
+    no state behind (refusals of flags, before the program's work begins);
+    programs that train set the process's thread pools and precision."""
+    if one_process:
+        return _run_in_one_process(list(runs), cwd, env, timeout)
     results = []
     for _, group in itertools.groupby(runs, key=lambda run: run[0]):
         results += _run_in_one_process(list(group), cwd, env, timeout)

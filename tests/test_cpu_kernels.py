@@ -228,22 +228,26 @@ def _kernels_in_a_new_process(code, **env):
     return done.stdout.strip().splitlines()[-1]
 
 
-def _servers_kernels(**env):
-    """The kernels of a server that a process which imported keras_identity
-    (on TensorFlow) starts, with ``env`` added to its environment."""
+def _servers_kernels(*envs):
+    """The kernels of the servers that one process which imported
+    keras_identity (on TensorFlow) starts one after the other, each with an
+    ``env`` of ``envs`` added to its environment."""
     code = ("import os, subprocess, sys\n"
             "import keras_identity\n"
-            "print(subprocess.run([sys.executable, '-c', 'import keras_identity_cli.serve, "
+            "for env in %r:\n"
+            "    print(subprocess.run([sys.executable, '-c', 'import keras_identity_cli.serve, "
             "keras_identity; from keras_identity import _cpu_kernels; "
-            "print(_cpu_kernels.describe())'], env={**os.environ, **%r}, "
+            "print(_cpu_kernels.describe())'], env={**os.environ, **env}, "
             "capture_output=True, text=True, check=True).stdout.strip())\n"
-            "print('the parent')" % (env,))
+            "print('the parent')" % (list(envs),))
     environ = {k: v for k, v in os.environ.items() if k not in (VARIABLE, MARK)}
     environ.update(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environ,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-2]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1] == "the parent", lines
+    return lines[-1 - len(envs):-1]
 
 
 def _serving_choice():
@@ -277,10 +281,9 @@ def test_a_server_started_by_the_library_keeps_tensorflows_choice():
     # A process that imported keras_identity (its choice read, and taken out of
     # the environment) starts a server: with the user's =1 it runs oneDNN, as
     # the user's; without, it chooses for serving.
-    line = _servers_kernels(**{VARIABLE: "1"})
-    assert line == "TensorFlow CPU kernels: oneDNN (set by you)", line
-    line = _servers_kernels()
-    assert line.startswith(serving), line
+    chosen_by_you, chosen = _servers_kernels({VARIABLE: "1"}, {})
+    assert chosen_by_you == "TensorFlow CPU kernels: oneDNN (set by you)", chosen_by_you
+    assert chosen.startswith(serving), chosen
 
 
 @backend_neutral

@@ -87,18 +87,35 @@ def _configure_environment():
 
 
 class _OrbaxErrors(logging.Filter):
-    """Drops Orbax's error logs and tracebacks (a background write's): this
-    module raises each failure as one line naming the checkpoint."""
+    """Drops Orbax's error logs and tracebacks (a background write's), and
+    asyncio's "Task exception was never retrieved" for a TensorStore read
+    Orbax left behind (a checkpoint passed over, whenever its task is
+    collected): this module says each failure in one line naming the
+    checkpoint."""
 
     def filter(self, record):
-        return not ((record.levelno >= logging.ERROR or record.exc_info)
-                    and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
+        if (record.levelno >= logging.ERROR or record.exc_info) and \
+                f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
+            return False
+        return not _orphaned_tensorstore_task(record)
+
+
+def _orphaned_tensorstore_task(record):
+    """Whether ``record`` is asyncio's log of a task whose TensorStore error
+    (its message names the ``tensorstore_spec``) nothing retrieved."""
+    if record.name != "asyncio" or not str(record.msg).startswith(
+            "Task exception was never retrieved") or not record.exc_info:
+        return False
+    return "tensorstore_spec=" in str(record.exc_info[1])
 
 
 def _quiet_errors():
-    logger = logging.getLogger("absl")  # Orbax logs through absl.logging
-    if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
-        logger.addFilter(_OrbaxErrors())
+    # Orbax logs through absl.logging, asyncio through its own logger (a
+    # logger's filter sees only its own records, not those propagated to it).
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
+            logger.addFilter(_OrbaxErrors())
 
 
 def _late_callback(unraisable):

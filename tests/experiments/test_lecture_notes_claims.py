@@ -11,7 +11,7 @@ from experiments._curves import difference_margin
 from experiments._curves import tail_mean
 from tests.backend import default_route
 from tests.conftest import REPO
-from tests.programs import run_refusals
+from tests.programs import run_programs
 
 
 def run(module, *args):
@@ -113,9 +113,16 @@ _BAD_FLAGS = [
     ("degradation", ["--depths=56,20"], "--depths=56,20 is not valid"),
     ("degradation", ["--iterations=30"], "--iterations=30 is not valid; expected a multiple "
                                          "of --interval=25"),
+    ("degradation", ["--depths=20,x"], "--depths=20,x is not valid; expected two depths 6n+2"),
+    ("degradation", ["--interval=0"], "--interval=0 is not valid; expected >= 1"),
+    ("degradation", ["--test_examples=-1"], "--test_examples=-1 is not valid; expected >= 0"),
+    ("degradation", ["extra"], "unexpected arguments ['extra']"),
     ("looks_linear", ["--depths=10,31"], "--depths=10,31 is not valid; expected two or more "
                                          "even depths"),
     ("looks_linear", ["--learning_rate=0"], "--learning_rate=0 is not valid; expected > 0"),
+    ("looks_linear", ["--depths=10,30", "--gradient_depth=-1"],
+     "--gradient_depth=-1 is not valid; expected >= 0"),
+    ("looks_linear", ["--depths=10"], "--depths=10 is not valid; expected two or more even"),
     ("looks_linear", ["--iterations=100", "--interval=2"], "--iterations=100 is not valid; "
                                                            "expected at most the schedule's 60"),
     ("veit_deletion", ["--draws=0"], "--draws=0 is not valid; expected >= 1"),
@@ -133,13 +140,10 @@ _BAD_FLAGS = [
 @pytest.fixture(scope="module")
 def refusals():
     """Each case's (exit code, stderr): each program's ``run()`` once per
-    case, one process per program (tests/programs.py)."""
-    results = {}
-    for module in dict.fromkeys(m for m, _, _ in _BAD_FLAGS):
-        cases = [i for i, (m, _, _) in enumerate(_BAD_FLAGS) if m == module]
-        answers = run_refusals(f"experiments.{module}", [_BAD_FLAGS[i][1] for i in cases])
-        results.update(zip(cases, answers))
-    return results
+    case, all in one process (tests/programs.py)."""
+    answers = run_programs([(f"experiments.{module}", args) for module, args, _ in _BAD_FLAGS],
+                           one_process=True)
+    return [(code, stderr) for code, stderr, _ in answers]
 
 
 @pytest.mark.parametrize("case", range(len(_BAD_FLAGS)),

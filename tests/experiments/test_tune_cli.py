@@ -7,14 +7,24 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.backend import default_route
 from tests.conftest import REPO
 from tests.programs import error_lines
 from tests.programs import run_refusals
 
 
+@pytest.mark.slow
 @default_route
 def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
+    """Slow (40-70 s on 2 cores: three trials of a 20-layer net, killed in the
+    second).  What only it checks: keras-identity-tune killed (SIGKILL) while
+    Keras Tuner writes a trial's files, then the same command.  In the default
+    run: a search resumed without redoing its finished trials
+    (tests/tuning/test_oracle.py), a trial's progress cut short while written
+    run again (tests/tuning/test_progress.py), the search in a bucket
+    continued on another machine (tests/tuning/test_staging.py)."""
     args = [sys.executable, "-m", "keras_identity_cli.tune", "--model=highway_net", "--depth=20",
             "--train_examples=12000", "--epochs=2", "--gate_biases=0,-3,-6", "--verbose=0",
             f"--model_dir={tmp_path}"]
