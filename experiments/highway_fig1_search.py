@@ -113,7 +113,8 @@ def report(summaries):
         f"(log-uniform {SPACE['learning_rates']}), momentum ({SPACE['momentums']}), the "
         f"exponential decay factor per epoch ({SPACE['lr_decays']}), the activation (ReLU or "
         f"tanh) and, for the highway net, b_T (uniform {SPACE['gate_biases']}); each trial "
-        f"trains {FLAGS.epochs} epochs on {round(0.9 * images):,} training images and is "
+        f"trains {FLAGS.epochs} epochs on about {round(0.9 * images):,} training images (a "
+        f"tenth of each class held out) and is "
         f"judged by its best epoch's training cross-entropy. The best settings are then "
         f"trained on all {images:,} for {FLAGS.retrain_epochs} epochs. Scale: {FLAGS.trials} "
         f"trials per net (the paper: 100)"
@@ -167,6 +168,9 @@ def _plot(summaries, path):
 def main(argv):
     if len(argv) > 1:
         _cli.fail(f"unexpected arguments {argv[1:]}", 2)
+    if FLAGS.train_examples is not None and FLAGS.train_examples > 60_000:
+        _cli.fail(f"--train_examples={FLAGS.train_examples} is not valid; expected at most "
+                  f"MNIST's 60,000", 2)
     for name in ("depth", "trials", "epochs", "retrain_epochs", "train_examples"):
         if getattr(FLAGS, name) is not None and getattr(FLAGS, name) < 1:
             _cli.fail(f"--{name}={getattr(FLAGS, name)} is not valid; expected an integer "

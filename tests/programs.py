@@ -31,18 +31,18 @@ for name, args in json.loads(sys.argv[1]):
     if previous not in (None, name):
         forget_programs(before)
     previous = name
-    module = importlib.import_module(name)
-    if hasattr(module, "run"):
-        entry = module.run
-    else:  # a program whose flags are defined under its __main__ guard
-        sys.modules.pop(name)  # runpy runs it afresh (and would warn that it is imported)
-        entry = lambda: runpy.run_module(name, run_name="__main__")
-    flags.FLAGS.unparse_flags()
+    sys.argv = [sys.argv[0]] + args  # a program may read them as it is imported
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
-    sys.argv = [sys.argv[0]] + args
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
         try:
+            module = importlib.import_module(name)
+            if hasattr(module, "run"):
+                entry = module.run
+            else:  # a program whose flags are defined under its __main__ guard
+                sys.modules.pop(name)  # runpy runs it afresh (and would warn: imported)
+                entry = lambda: runpy.run_module(name, run_name="__main__")
+            flags.FLAGS.unparse_flags()
             entry()
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)

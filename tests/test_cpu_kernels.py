@@ -238,7 +238,7 @@ def _servers_kernels(*envs):
             "    print(subprocess.run([sys.executable, '-c', 'import keras_identity_cli.serve, "
             "keras_identity; from keras_identity import _cpu_kernels; "
             "print(_cpu_kernels.describe())'], env={**os.environ, **env}, "
-            "capture_output=True, text=True, check=True).stdout.strip())\n"
+            "capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])\n"
             "print('the parent')" % (list(envs),))
     environ = {k: v for k, v in os.environ.items() if k not in (VARIABLE, MARK)}
     environ.update(KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")

@@ -18,7 +18,7 @@ def test_smoke_run_searches_both_nets_and_reports(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "highway_fig1_search_mnist.md").read_text()
     assert "- summary: 3 layers, 2 trials per net: final training loss highway " in report
-    assert ("trains 1 epochs on 7,200 training images" in report and
+    assert ("trains 1 epochs on about 7,200 training images" in report and
             "a random 8,000 of MNIST's 60,000 training images (a smoke test)" in report)
     for net in ("highway-3", "plain-3"):
         row = next(line for line in report.splitlines() if line.startswith(f"| {net} |"))

@@ -91,7 +91,8 @@ def test_every_claim_has_commands_that_parse():
     # module and its flags removed (two programs may define the same flags).
     result = subprocess.run([sys.executable, "-c", _PARSE, json.dumps(commands)], cwd=REPO,
                             text=True, capture_output=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": REPO})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [REPO, os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, result.stderr[-800:]
     assert result.stdout.split() == [f"parsed:{module}" for module in commands]
 

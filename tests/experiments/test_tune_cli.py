@@ -20,7 +20,7 @@ from tests.programs import run_refusals
 def test_interrupted_search_resumes_without_redoing_trials(tmp_path):
     """Slow (40-70 s on 2 cores: three trials of a 20-layer net, killed in the
     second).  What only it checks: keras-identity-tune killed (SIGKILL) while
-    Keras Tuner writes a trial's files, then the same command.  In the default
+    its second trial trains, then the same command.  In the default
     run: a search resumed without redoing its finished trials
     (tests/tuning/test_oracle.py), a trial's progress cut short while written
     run again (tests/tuning/test_progress.py), the search in a bucket
