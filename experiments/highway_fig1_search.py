@@ -114,14 +114,13 @@ def report(summaries):
         f"exponential decay factor per epoch ({SPACE['lr_decays']}), the activation (ReLU or "
         f"tanh) and, for the highway net, b_T (uniform {SPACE['gate_biases']}); each trial "
         f"trains {FLAGS.epochs} epochs on about {round(0.9 * images):,} training images (a "
-        f"tenth of each class held out) and is "
-        f"judged by its best epoch's training cross-entropy. The best settings are then "
-        f"trained on all {images:,} for {FLAGS.retrain_epochs} epochs. Scale: {FLAGS.trials} "
-        f"trials per net (the paper: 100)"
-        + ("" if FLAGS.train_examples is None else
-           f", a random {images:,} of MNIST's 60,000 training images (a smoke test)")
-        + "; the paper does not state its epochs or its ranges of learning rate, "
-        f"momentum and decay.", "",
+        "tenth of each class held out) and is judged by its best epoch's training "
+        f"cross-entropy. The best settings are then trained on all {images:,} for "
+        f"{FLAGS.retrain_epochs} epochs. Scale: {FLAGS.trials} trials per net (the paper: "
+        "100)" + ("" if FLAGS.train_examples is None else
+                  f", a random {images:,} of MNIST's 60,000 training images (a smoke test)")
+        + ("; the paper does not state its epochs or its ranges of learning rate, "
+           "momentum and decay."), "",
         "| net | trials (diverged) | best settings | best training loss in the search | "
         f"mean of the top {TOP} | retrained: final training loss | retrained: test error |",
         "| --- | --- | --- | --- | --- | --- | --- |"]

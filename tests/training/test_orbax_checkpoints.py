@@ -412,7 +412,7 @@ def test_a_tensorstore_read_left_behind_logs_no_traceback():
     from tests.conftest import REPO
 
     result = subprocess.run([sys.executable, "-c", _ORPHANED_TASK], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-3000:]
     assert "tensorstore_spec" not in result.stderr, result.stderr[-3000:]
     assert result.stderr.count("Task exception was never retrieved") == 1, result.stderr[-3000:]
