@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DRIVER = r"""
 import contextlib, importlib, io, json, runpy, sys
 from absl import flags
-from tests.programs import forget_programs
+from tests.programs import forget_programs, remove_flags
 before = set(sys.modules)
 results = []
 previous = None
@@ -50,16 +50,24 @@ for name, args in json.loads(sys.argv[1]):
                 print(exit.code, file=sys.stderr)  # as the interpreter prints sys.exit("...")
     # The flags its __main__ defined (absl files them under sys.argv[0]): the
     # next run defines them again.
-    for flag in list(flags.FLAGS.flags_by_module_dict().get(sys.argv[0], [])):
-        for name_or_short in {flag.name, flag.short_name} - {None}:
-            if name_or_short in flags.FLAGS:
-                delattr(flags.FLAGS, name_or_short)
+    remove_flags(flags.FLAGS.flags_by_module_dict().get(sys.argv[0], []))
     results.append([code, stderr.getvalue(), stdout.getvalue()])
 print("\nRESULTS " + json.dumps(results))
 """
 
 
 PROGRAM_PACKAGES = ("benchmarks", "experiments", "keras_identity_cli")
+
+
+def remove_flags(defined):
+    """Removes the absl flags ``defined`` (and their short names) from
+    ``flags.FLAGS``, so that a program may define them again."""
+    from absl import flags
+
+    for flag in list(defined):
+        for name in {flag.name, flag.short_name} - {None}:
+            if name in flags.FLAGS:
+                delattr(flags.FLAGS, name)
 
 
 def forget_programs(before):
@@ -75,10 +83,7 @@ def forget_programs(before):
 
     for module, defined in flags.FLAGS.flags_by_module_dict().items():
         if of_a_program(module) and module not in before:
-            for flag in list(defined):
-                for name in {flag.name, flag.short_name} - {None}:
-                    if name in flags.FLAGS:
-                        delattr(flags.FLAGS, name)
+            remove_flags(defined)
     for module in set(sys.modules) - before:
         if of_a_program(module):
             del sys.modules[module]

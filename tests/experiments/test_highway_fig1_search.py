@@ -12,8 +12,8 @@ from tests.conftest import REPO
 @default_route
 def test_smoke_run_searches_both_nets_and_reports(tmp_path):
     args = [sys.executable, "-m", "experiments.highway_fig1_search", "--depth=3", "--trials=2",
-            "--epochs=1", "--retrain_epochs=1", "--train_examples=8000", f"--run_dir={tmp_path / 'runs'}",
-            f"--report_dir={tmp_path}"]
+            "--epochs=1", "--retrain_epochs=1", "--train_examples=8000",
+            f"--run_dir={tmp_path / 'runs'}", f"--report_dir={tmp_path}"]
     result = subprocess.run(args, cwd=REPO, text=True, capture_output=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "highway_fig1_search_mnist.md").read_text()
