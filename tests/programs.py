@@ -12,6 +12,7 @@ same flags, so each has its own), or, for refusals, all of them one process."""
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -127,6 +128,20 @@ def _run_in_one_process(runs, cwd, env, timeout):
     lines = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     return [tuple(r) for r in json.loads(lines[-1][len("RESULTS "):])]
+
+
+def files_left(folders):
+    """The files under ``folders`` (a machine's working directory and
+    temporary folder, say), relative to each, that a program left there, but
+    TensorFlow's AutoGraph bytecode: AutoGraph writes the code it converts to
+    the temporary folder and removes it, and where Python writes bytecode
+    (PYTHONDONTWRITEBYTECODE unset, as users have it) its
+    ``__pycache__/__autograph_generated_file*.pyc`` stays: TensorFlow's, not
+    the program's."""
+    return sorted(path for path in (
+        os.path.relpath(os.path.join(root, name), folder)
+        for folder in folders for root, _, names in os.walk(folder) for name in names)
+        if not re.fullmatch(r"(.*/)?__pycache__/__autograph_generated_file\w+\.[\w-]+\.pyc", path))
 
 
 def error_lines(stderr):

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("tensorflow")  # SavedModels: TensorFlow on every backend
 
 from keras_identity import storage  # noqa: E402
+from tests.programs import files_left  # noqa: E402
 
 pytestmark = pytest.mark.needs_tensorflow
 
@@ -56,8 +57,7 @@ def test_a_model_in_a_bucket_exports_into_the_bucket(gcs_emulator, tmp_path):
             "1/assets.extra/inputs.txt", "1/assets.extra/tf_serving_warmup_requests"} <= set(
         files), files
     assert [f for f in files if not f.startswith("1/")] == []   # no probe, no partial left
-    assert [os.path.join(r, n) for folder in (cwd, tmp) for r, _, ns in os.walk(folder)
-            for n in ns] == []
+    assert files_left((cwd, tmp)) == []
 
     local = tmp_path / "downloaded"
     storage.download_tree(storage.join(base, "1"), str(local))

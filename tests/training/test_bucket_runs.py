@@ -8,7 +8,6 @@ TensorFlow installed)."""
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from keras_identity.training import orbax_checkpoints
 from keras_identity.training import run_lock
 from keras_identity.training import train
 from tests.backend import jax_only
+from tests.programs import files_left
 from tests.training.test_preemption import _latest
 from tests.training.test_run_files import _config  # the same run as on a local disk
 from tests.programs import LineWatch
@@ -80,14 +80,6 @@ def _train(gcs_emulator, machine, model_dir, *extra):
                           capture_output=True, text=True, timeout=600)
 
 
-def _local_files(machine):
-    """The files a run left on the machine (its working directory and
-    temporary folder), but the JAX compilation cache's."""
-    return sorted(os.path.relpath(os.path.join(root, n), folder)
-                  for folder in machine for root, _, names in os.walk(folder)
-                  for n in names)
-
-
 def _losses(model_dir):
     return [[row["loss"], row["test_loss"], row["test_error"]]
             for row in storage.read_json(storage.join(model_dir, "history.json"))]
@@ -123,7 +115,7 @@ def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(str
                                                                           "tensorboard")]
     runs = {f.split("/")[1] for f in files if f.startswith("tensorboard/")}
     assert runs == {"train", "validation"}
-    assert _local_files(machine) == []          # no `gs:` folder, no staging left behind
+    assert files_left(machine) == []          # no `gs:` folder, no staging left behind
     assert f"model saved to {model_dir}/model.keras" in done.stdout
     assert _latest(storage.join(model_dir, "checkpoints"))["step"] == 12
     assert len(_losses(model_dir)) == 3
@@ -160,7 +152,7 @@ def test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted(
     stopped = [line for line in proc.stderr.read().splitlines()
                if line.startswith("stopped by SIGTERM")]
     assert len(stopped) == 1 and model_dir in stopped[0], stopped
-    assert _local_files(first) == []
+    assert files_left(first) == []
     # The lock went with the run; a new machine resumes from the bucket alone.
     assert not storage.exists(storage.join(model_dir, ".lock"))
     second = _machine(tmp_path, "second")
@@ -168,7 +160,7 @@ def test_a_run_stopped_by_sigterm_resumes_on_a_new_machine_as_if_uninterrupted(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming from the checkpoint at step" in done.stdout
     assert _losses(model_dir) == _losses(straight[0])
-    assert _local_files(second) == []
+    assert files_left(second) == []
 
 
 def test_a_second_run_on_the_same_bucket_directory_is_refused_in_one_line(
@@ -313,7 +305,7 @@ def test_a_missing_bucket_is_one_line_and_leaves_nothing(gcs_emulator, tmp_path)
     assert refused.returncode == 2, refused.stderr[-3000:]
     lines = error_lines(refused.stderr)
     assert len(lines) == 1 and "the bucket gs://no-such-bucket-kid does not exist" in lines[0]
-    assert _local_files(machine) == []
+    assert files_left(machine) == []
 
 
 def test_paths_and_settings_a_store_cannot_take_are_refused_before_the_first_step(
@@ -472,7 +464,7 @@ def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
     errs = [p.stderr.read() for p in procs]
     assert codes == [75, 75], errs[0][-2000:] + errs[1][-2000:]
     for machine in machines:
-        assert _local_files(machine) == []
+        assert files_left(machine) == []
     procs, machines = pair(model_dir, "b")
     outputs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
@@ -481,7 +473,7 @@ def test_two_processes_share_one_bucket_run_and_resume_after_sigterm_to_one(
         assert a == pytest.approx(b, abs=1e-5)
     assert len(_losses(model_dir)) == 4
     for machine in machines:
-        assert _local_files(machine) == []
+        assert files_left(machine) == []
     assert json.loads(storage.read_bytes(storage.join(model_dir, "run.json")))["backend"] == "jax"
 
 

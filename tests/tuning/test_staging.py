@@ -14,7 +14,7 @@ import pytest
 
 from keras_identity import storage
 from tests.training.test_bucket_runs import _env
-from tests.training.test_bucket_runs import _local_files
+from tests.programs import files_left
 from tests.training.test_bucket_runs import _machine
 from tests.tuning.searches import stop_in_the_second_trial
 
@@ -41,7 +41,7 @@ def test_a_search_in_a_bucket_keeps_its_files_there_and_continues_on_another_mac
             "search/oracle.json", "search/records_per_trial.json",
             "search/trial_0/trial.json"} <= set(files), files
     assert not [f for f in files if "progress" in f or "partial" in f], files
-    assert _local_files(first) == []   # no staging folder, nothing in the working directory
+    assert files_left(first) == []   # no staging folder, nothing in the working directory
     trial = storage.join(model_dir, "search", "trial_0", "trial.json")
     stamp = storage.generation(trial)
 
@@ -53,7 +53,7 @@ def test_a_search_in_a_bucket_keeps_its_files_there_and_continues_on_another_mac
     assert len(storage.read_text(storage.join(model_dir, "results.csv")).splitlines()) == 3
     assert len(storage.read_json(storage.join(model_dir, "search",
                                               "records_per_trial.json"))) == 2
-    assert _local_files(second) == []
+    assert files_left(second) == []
 
 
 def test_curves_of_runs_in_a_bucket_are_drawn_into_the_bucket(gcs_emulator):
