@@ -8,6 +8,7 @@ TensorFlow installed)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
