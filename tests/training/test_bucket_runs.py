@@ -116,7 +116,7 @@ def test_a_run_in_a_bucket_keeps_every_file_there_and_nothing_on_the_machine(str
                                                                           "tensorboard")]
     runs = {f.split("/")[1] for f in files if f.startswith("tensorboard/")}
     assert runs == {"train", "validation"}
-    assert files_left(machine) == []          # no `gs:` folder, no staging left behind
+    assert files_left(machine) == []  # no `gs:` folder, no staging left behind
     assert f"model saved to {model_dir}/model.keras" in done.stdout
     assert _latest(storage.join(model_dir, "checkpoints"))["step"] == 12
     assert len(_losses(model_dir)) == 3
