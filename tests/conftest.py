@@ -11,23 +11,26 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "keras_identity_tests_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# On JAX, XLA compiles this process's programs (tiny nets, compiled once, run a
-# few steps: compiling is most of their time) at LLVM's lowest optimisation
-# level and without LLVM's expensive passes (what jax_disable_most_optimizations
-# sets): the looped-stage and unit tests a third faster on 2 cores, the second
-# flag 15% more (test_stack.py, 190 s to 162 s on 2 AVX2 cores).  The
-# programs the tests start keep XLA's defaults (they train for hundreds of
-# steps, up to three times slower at that level), and so do a user's own
-# XLA_FLAGS.  The CPU backend reads XLA_FLAGS once, when it starts.
-if os.environ.get("KERAS_BACKEND") == "jax" and "XLA_FLAGS" not in os.environ:
-    os.environ["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
-                               "--xla_llvm_disable_expensive_passes=true")
-    try:
+# XLA's CPU backend compiles at LLVM's -O3 by default, and JAX's random
+# initialisers (threefry) take 2-7 s each there to compile, 0.4-0.5 s at -O2,
+# with the same speed of the compiled code (2 Sapphire Rapids cores); TensorFlow's
+# XLA (jit_compile) training steps compile about 20% faster at -O2 too.  The
+# programs the tests start (of a few steps to hundreds) inherit -O2 through
+# XLA_FLAGS, on both backends.  On JAX, this process's own programs (tiny nets,
+# compiled once, run a few steps: compiling is most of their time) are compiled
+# at the lowest level without LLVM's expensive passes (what
+# jax_disable_most_optimizations sets): the looped-stage and unit tests a third
+# faster on 2 cores, the second flag 15% more (test_stack.py, 190 s to 162 s on
+# 2 AVX2 cores).  A user's own XLA_FLAGS are kept as they are.  The CPU backend
+# reads XLA_FLAGS once, when it starts.
+if "XLA_FLAGS" not in os.environ:
+    if os.environ.get("KERAS_BACKEND") == "jax":
+        os.environ["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
+                                   "--xla_llvm_disable_expensive_passes=true")
         import jax
 
         jax.devices()
-    finally:
-        del os.environ["XLA_FLAGS"]
+    os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=2"
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

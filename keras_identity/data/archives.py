@@ -1,16 +1,19 @@
 """Image-folder trees in ``.tar.gz`` / ``.tgz`` / ``.tar`` archives (the
 tree may sit in a folder of the archive, ``cifar10/train/<class>/...``),
 read into memory as :mod:`~keras_identity.data.image_folders` reads a
-folder tree."""
+folder tree, and decoded once (:mod:`~keras_identity.data.decoded_archives`)."""
 
 import tarfile
 import zlib
 
+from keras_identity.data import decoded_archives
 from keras_identity.data.errors import DataError
 from keras_identity.data.errors import first_line
 from keras_identity.data.image_folders import IMAGE_EXTENSIONS
 from keras_identity.data.image_folders import assemble
+from keras_identity.data.fingerprints import fingerprint
 from keras_identity.data.image_folders import dataset_channels
+from keras_identity.data.image_folders import decoder_note
 from keras_identity.data.image_folders import misplaced
 from keras_identity.data.image_folders import split_name
 
@@ -40,7 +43,18 @@ def _archive_images(path, names):
 
 def from_archive(path, name):
     """The in-memory dataset ``name`` of the archive ``path`` of an
-    image-folder tree; :class:`DataError` naming it if it cannot be read."""
+    image-folder tree; :class:`DataError` naming it if it cannot be read.
+    Read back from :mod:`~keras_identity.data.decoded_archives` where the
+    same bytes were decoded before, with the same decoder."""
+    channels = dataset_channels(name)
+    try:
+        digest = fingerprint(path) + decoder_note()
+    except OSError as error:
+        raise DataError(f"cannot read the archive {path} ({type(error).__name__}: "
+                        f"{first_line(error)}); is it complete?") from None
+    kept = decoded_archives.load(path, name, channels, digest)
+    if kept is not None:
+        return kept
     images = []  # (name, bytes) of the image members, in archive order
     try:
         with tarfile.open(path, "r:*") as archive:
@@ -55,4 +69,6 @@ def from_archive(path, name):
              for split, entries in listed.items()}
     for split in items:  # archive order is arbitrary; make it deterministic
         items[split].sort(key=lambda entry: entry[0])
-    return assemble(name, path, items, dataset_channels(name))
+    dataset = assemble(name, path, items, channels)
+    decoded_archives.save(path, dataset, channels)
+    return dataset

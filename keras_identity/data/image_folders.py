@@ -99,19 +99,22 @@ def assemble(name, source, items, channels):
     if len(shapes) != 1:
         raise DataError(f"{source}: images of different sizes {sorted(shapes)}; in-memory "
                         f"datasets need one size.")
-    from keras_identity import _tensorflow
-
-    # Pillow's JPEG decoder rounds differently from TensorFlow's (by up to 4
-    # levels): a run's identity names the decoder, so that it never resumes
-    # on other pixels.
-    decoder = "" if _tensorflow.available() else "; decoded by Pillow"
     # Conversions are said with the data's description (as npz_files does).
     converted = conversions([b for split in items.values() for _, b, _ in split], channels,
                             [n for split in items.values() for _, _, n in split])
     described = source + (f" (converted: {converted})" if converted else "")
     return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
                         image_shape=tuple(arrays["x_train"].shape[1:]), source=described,
-                        fingerprint=fingerprint(source) + decoder, **arrays)
+                        fingerprint=fingerprint(source) + decoder_note(), **arrays)
+
+
+def decoder_note():
+    """What a dataset's fingerprint adds for the JPEG decoder: Pillow's
+    rounds differently from TensorFlow's (by up to 4 levels), so that a run
+    never resumes on other pixels."""
+    from keras_identity import _tensorflow
+
+    return "" if _tensorflow.available() else "; decoded by Pillow"
 
 
 def dataset_channels(name):
