@@ -35,14 +35,16 @@ COMMANDS = {
     "keras-identity-serve": "keras_identity_cli.serve:run",
 }
 # Left out of the copy of the repository the wheel is built from: what
-# .gitignore keeps out of the repository, and its git and virtual environment.
-_TOP_LEVEL_NOT_COPIED = {".git", ".venv", ".venv-tf219", "build", "dist", "runs", "serving",
-                         "tmp", ".whl", ".gl", ".pytest_cache"}
+# .gitignore keeps out of the repository, and its git and virtual environments
+# (every .venv*: CI's other venvs install while the TensorFlow leg runs).
+_TOP_LEVEL_NOT_COPIED = {".git", "build", "dist", "runs", "serving", "tmp", ".whl", ".gl",
+                         ".pytest_cache"}
 
 
 def _not_copied(directory, names):
     top = os.path.abspath(directory) == os.path.abspath(REPO)
-    return [name for name in names if (top and name in _TOP_LEVEL_NOT_COPIED)
+    return [name for name in names
+            if (top and (name in _TOP_LEVEL_NOT_COPIED or name.startswith(".venv")))
             or name == "__pycache__" or name.endswith((".egg-info", ".pyc"))]
 
 
