@@ -11,12 +11,13 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "keras_identity_tests_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# XLA's CPU backend compiles at LLVM's -O3 by default, and JAX's random
-# initialisers (threefry) take 2-7 s each there to compile, 0.4-0.5 s at -O2,
-# with the same speed of the compiled code (2 Sapphire Rapids cores); TensorFlow's
-# XLA (jit_compile) training steps compile about 20% faster at -O2 too.  The
-# programs the tests start (of a few steps to hundreds) inherit -O2 through
-# XLA_FLAGS, on both backends.  On JAX, this process's own programs (tiny nets,
+# XLA's CPU backend compiles at LLVM's -O3 by default, where each of JAX's
+# random initialisers (threefry, one program per weight shape) takes 2-7 s to
+# compile, against 0.4-0.5 s at -O2, whose draws run as fast (a 7.4M-value draw:
+# 0.24-0.29 s at either level; 2 Sapphire Rapids cores): a tiny JAX training
+# program ran 10-11 s instead of 14-16 s.  TensorFlow's XLA training steps
+# (jit_compile) took 20% less CPU time at -O2 too.  The programs the tests start
+# (of a few steps to hundreds) inherit -O2 through XLA_FLAGS, on both backends.  On JAX, this process's own programs (tiny nets,
 # compiled once, run a few steps: compiling is most of their time) are compiled
 # at the lowest level without LLVM's expensive passes (what
 # jax_disable_most_optimizations sets): the looped-stage and unit tests a third
