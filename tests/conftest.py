@@ -16,14 +16,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # compile, against 0.4-0.5 s at -O2, whose draws run as fast (a 7.4M-value draw:
 # 0.24-0.29 s at either level; 2 Sapphire Rapids cores): a tiny JAX training
 # program ran 10-11 s instead of 14-16 s.  TensorFlow's XLA training steps
-# (jit_compile) took 20% less CPU time at -O2 too.  The programs the tests start
-# (of a few steps to hundreds) inherit -O2 through XLA_FLAGS, on both backends.  On JAX, this process's own programs (tiny nets,
-# compiled once, run a few steps: compiling is most of their time) are compiled
-# at the lowest level without LLVM's expensive passes (what
-# jax_disable_most_optimizations sets): the looped-stage and unit tests a third
-# faster on 2 cores, the second flag 15% more (test_stack.py, 190 s to 162 s on
-# 2 AVX2 cores).  A user's own XLA_FLAGS are kept as they are.  The CPU backend
-# reads XLA_FLAGS once, when it starts.
+# (jit_compile) took 20% less CPU time at -O2 too.  So the programs the tests
+# start (of a few steps to hundreds) inherit -O2 through XLA_FLAGS, on both
+# backends, and so does the TensorFlow test process's own XLA.  On JAX, this
+# process's own programs (tiny nets, compiled once, run a few steps: compiling
+# is most of their time) are compiled at the lowest level without LLVM's
+# expensive passes (what jax_disable_most_optimizations sets): the
+# looped-stage and unit tests a third faster on 2 cores, the second flag 15%
+# more (test_stack.py, 190 s to 162 s on 2 AVX2 cores).  A user's own XLA_FLAGS
+# are kept as they are.  The CPU backend reads XLA_FLAGS once, when it starts.
 if "XLA_FLAGS" not in os.environ:
     if os.environ.get("KERAS_BACKEND") == "jax":
         os.environ["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "

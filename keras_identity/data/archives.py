@@ -3,15 +3,16 @@ tree may sit in a folder of the archive, ``cifar10/train/<class>/...``),
 read into memory as :mod:`~keras_identity.data.image_folders` reads a
 folder tree, and decoded once (:mod:`~keras_identity.data.decoded_archives`)."""
 
+import io
 import tarfile
 import zlib
 
 from keras_identity.data import decoded_archives
 from keras_identity.data.errors import DataError
 from keras_identity.data.errors import first_line
+from keras_identity.data.fingerprints import bytes_fingerprint
 from keras_identity.data.image_folders import IMAGE_EXTENSIONS
 from keras_identity.data.image_folders import assemble
-from keras_identity.data.fingerprints import fingerprint
 from keras_identity.data.image_folders import dataset_channels
 from keras_identity.data.image_folders import decoder_note
 from keras_identity.data.image_folders import misplaced
@@ -48,27 +49,26 @@ def from_archive(path, name):
     same bytes were decoded before, with the same decoder."""
     channels = dataset_channels(name)
     try:
-        digest = fingerprint(path) + decoder_note()
-    except OSError as error:
-        raise DataError(f"cannot read the archive {path} ({type(error).__name__}: "
-                        f"{first_line(error)}); is it complete?") from None
-    kept = decoded_archives.load(path, name, channels, digest)
-    if kept is not None:
-        return kept
-    images = []  # (name, bytes) of the image members, in archive order
-    try:
-        with tarfile.open(path, "r:*") as archive:
+        with open(path, "rb") as f:
+            raw = f.read()  # read once: the bytes hashed are the bytes decoded
+        digest = bytes_fingerprint(raw) + decoder_note()
+        kept = decoded_archives.load(path, name, channels, digest)
+        if kept is not None:
+            return kept
+        images = []  # (name, bytes) of the image members, in archive order
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as archive:
             for member in archive:
                 if member.isfile() and member.name.lower().endswith(IMAGE_EXTENSIONS):
                     images.append((member.name, archive.extractfile(member).read()))
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
         raise DataError(f"cannot read the archive {path} ({type(error).__name__}: "
                         f"{first_line(error)}); is it complete?") from None
+    del raw
     listed = _archive_images(path, [name for name, _ in images])
     items = {split: [(cls, images[i][1], images[i][0]) for cls, i in entries]
              for split, entries in listed.items()}
     for split in items:  # archive order is arbitrary; make it deterministic
         items[split].sort(key=lambda entry: entry[0])
-    dataset = assemble(name, path, items, channels)
+    dataset = assemble(name, path, items, channels, fingerprint=digest)
     decoded_archives.save(path, dataset, channels)
     return dataset

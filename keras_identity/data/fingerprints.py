@@ -32,6 +32,12 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
+def bytes_fingerprint(data):
+    """The digest of the bytes ``data`` as :func:`fingerprint` gives a
+    file's (an archive read into memory once, then decoded)."""
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
 def fingerprint(path):
     """A digest of the data at ``path``: SHA-256 of a file's bytes, or of a
     folder's relative paths, sizes and modification times (a changed, added

@@ -18,7 +18,7 @@ from keras_identity.data.decoding import conversions
 from keras_identity.data.decoding import decode_all
 from keras_identity.data.errors import DataError
 from keras_identity.data.facts import IMAGE_SHAPES
-from keras_identity.data.fingerprints import fingerprint
+from keras_identity.data.fingerprints import fingerprint as _fingerprint
 from keras_identity.data.image_dataset import ImageDataset
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -77,7 +77,7 @@ def check_test_classes(source, train, test):
                         f"train/ is fine).")
 
 
-def assemble(name, source, items, channels):
+def assemble(name, source, items, channels, fingerprint=None):
     """The in-memory dataset ``name`` of the image-folder tree ``source`` (a
     folder or an archive): ``items`` ``{"train": [(class, bytes, file name),
     ...], "test": [...]}``, decoded to ``channels`` (:func:`decode_all`);
@@ -105,7 +105,8 @@ def assemble(name, source, items, channels):
     described = source + (f" (converted: {converted})" if converted else "")
     return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
                         image_shape=tuple(arrays["x_train"].shape[1:]), source=described,
-                        fingerprint=fingerprint(source) + decoder_note(), **arrays)
+                        fingerprint=fingerprint or (_fingerprint(source) + decoder_note()),
+                        **arrays)
 
 
 def decoder_note():
@@ -230,7 +231,7 @@ def from_folder(root, name):
                     for s, e in files.items()}
         return ImageDataset(name=name, num_classes=len(classes), class_names=classes,
                             image_shape=IMAGE_SHAPES["imagenet"], source=root,
-                            fingerprint=fingerprint(root),
+                            fingerprint=_fingerprint(root),
                             files_train=as_lists["train"], files_test=as_lists["test"])
     items = {s: [] for s in files}
     for split, entries in files.items():

@@ -81,7 +81,30 @@ def test_a_folder_that_cannot_be_written_keeps_nothing(archive, tmp_path, monkey
     (tmp_path / "home").write_text("a file where the folder would be")
     data = load_dataset("cifar10", archive)
     assert data.x_train.shape == (6, 6, 6, 3)
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".partial")]
+
+
+def test_a_write_that_fails_leaves_no_partial_entry(archive, tmp_path, monkeypatch):
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(decoded_archives.os, "replace", refuse)
+    data = load_dataset("cifar10", archive)
+    assert data.x_train.shape == (6, 6, 6, 3)
+    assert (tmp_path / "home" / "keras_identity" / "decoded").is_dir()
+    assert _entries(tmp_path) == []
+
+
+def test_each_decoder_and_channel_count_has_its_own_entry(archive, tmp_path, monkeypatch):
+    from keras_identity import _tensorflow
+
+    first = load_dataset("cifar10", archive)
+    monkeypatch.setattr(_tensorflow, "available", lambda: False)
+    pillow = load_dataset("cifar10", archive)
+    assert pillow.fingerprint.endswith("; decoded by Pillow")
+    gray = load_dataset("mnist", archive)  # one channel
+    assert gray.x_train.shape == (6, 6, 6, 1)
+    names = _entries(tmp_path)
+    expected = 2 if first.fingerprint.endswith("; decoded by Pillow") else 3
+    assert len(names) == expected and sum(n.startswith("mnist-") for n in names) == 1
 
 
 def test_small_archives_are_not_kept(archive, tmp_path, monkeypatch):
