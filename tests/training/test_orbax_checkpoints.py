@@ -463,7 +463,7 @@ def test_a_run_killed_during_a_background_write_resumes_as_if_uninterrupted(tmp_
         return [sys.executable, "-m", "keras_identity_cli.train", "--model=highway_net",
                 "--depth=30", "--batch_size=64", "--steps_per_epoch=10",
                 "--train_examples=1280", "--test_examples=96", "--verbose=0", "--seed=3",
-                "--steps_per_execution=1", "--train_steps=40", "--checkpoint_every=2",
+                "--steps_per_execution=1", "--train_steps=20", "--checkpoint_every=2",
                 f"--model_dir={model_dir}"]
 
     env = dict(os.environ, KERAS_BACKEND="jax")
