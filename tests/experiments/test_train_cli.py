@@ -84,25 +84,23 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     process.wait()
     assert 2 <= epochs() < 6
     assert not (tmp_path / "model_card.json").exists()  # a card for complete runs only
-    # The resumed run, then the same command again on the complete run: one
-    # process (tests.programs), the program's run() called twice.
-    (code, stderr, stdout), again = run_cases("keras_identity_cli.train", [args[2:]] * 2)
-    assert code == 0, stderr[-2000:]
-    assert "resuming from the checkpoint at step" in stdout
+    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resuming from the checkpoint at step" in result.stdout
     history = json.loads((tmp_path / "history.json").read_text())
     assert [row["epoch"] for row in history] == list(range(1, 7))
     assert history[-1]["step"] == 60
-    assert "done: test error" in stdout
-    _check_card_and_preset(tmp_path, history, args, stdout)
-    _check_card_follows_the_weights(tmp_path, args, again)
+    assert "done: test error" in result.stdout
+    _check_card_and_preset(tmp_path, history, args, result.stdout)
+    _check_card_follows_the_weights(tmp_path, args)
 
 
-def _check_card_follows_the_weights(run_dir, args, again):
-    """The same command on the complete run (``again``: its exit code, stderr
-    and stdout) left model.keras as the card's sha256 says; a card that is
-    not of the weights beside it (another run's file; a run extended since)
-    is never registered; an extension removes the card before it writes new
-    weights."""
+def _check_card_follows_the_weights(run_dir, args):
+    """The same command on the complete run leaves model.keras (and the
+    card's sha256) as they are; a card that is not of the weights beside it
+    (another run's file; a run extended since) is never registered; an
+    extension removes the card before it writes new weights."""
     import hashlib
 
     import keras_identity as ki
@@ -113,9 +111,11 @@ def _check_card_follows_the_weights(run_dir, args, again):
 
     card = json.loads((run_dir / "model_card.json").read_text())
     before = sha256()
-    code, stderr, stdout = again
-    assert code == 0 and "already complete" in stdout, stderr[-2000:]
-    assert before == card["sha256"]
+    again = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "already complete" in again.stdout, again.stderr[-2000:]
+    assert sha256() == before == json.loads((run_dir / "model_card.json").read_text())[
+        "sha256"]
     registry = run_dir / "registry2"
     kept = (run_dir / "model.keras").read_bytes()
     ki.models.highway_net(30).save(run_dir / "model.keras")   # another network's weights
