@@ -8,6 +8,10 @@ Times, at each of --batch_sizes (default 1 and 32):
 
 * the SavedModel's ``serving_default`` signature run the way TF Serving runs
   it (a TF1 session, keras_identity.serving.emulator);
+* with --model_path: the same model exported with ``jit_compile=True``
+  (``keras-identity-export --jit_compile``, into a temporary folder), its
+  ``serving_default`` in a TF1 session with XLA on, as TF Serving started
+  with ``--xla_cpu_compilation_enabled=true`` runs it (--jit_compile_export);
 * the same signature through ``tf.saved_model.load``;
 * with --model_path: the Keras model called in a ``tf.function`` (the
   reference);
@@ -72,6 +76,11 @@ flags.DEFINE_integer("torch_depth", None, "Depth of the CIFAR pre-activation Res
                      "PyTorch rebuilds (default: from the model's name, preact_resnet<depth>).")
 flags.DEFINE_boolean("onnxruntime", True, "Measure ONNX Runtime on Keras's ONNX export.")
 flags.DEFINE_boolean("torch", True, "Measure the PyTorch rebuild.")
+flags.DEFINE_boolean("jit_compile_export", True, "With --model_path: also export the model "
+                     "with jit_compile=True (keras-identity-export --jit_compile) into a "
+                     "temporary folder and time its serving_default in a TF1 session with XLA "
+                     "on, as TF Serving started with --xla_cpu_compilation_enabled=true runs "
+                     "it.")
 flags.DEFINE_enum("onednn", "auto", ["auto", "on", "off"],
                   "TensorFlow's oneDNN kernels in every TensorFlow path: auto is "
                   "TF_ENABLE_ONEDNN_OPTS where it is set, else keras-identity-serve's choice "
@@ -85,6 +94,8 @@ flags.DEFINE_string("work_dir", None, "Internal: the worker's settings and input
 WARMUP_CALLS = 5
 # (key, row name) in the order measured and shown.
 PATHS = (("emulator", "SavedModel in a TF1 session (as TF Serving)"),
+         ("emulator_xla", "SavedModel --jit_compile in a TF1 session (TF Serving "
+                          "--xla_cpu_compilation_enabled=true)"),
          ("saved_model", "SavedModel via tf.saved_model.load"),
          ("keras", "Keras model in a tf.function (reference)"),
          ("onnxruntime", "ONNX Runtime on Keras's ONNX export"),
@@ -120,10 +131,16 @@ def _load_inputs(work_dir, setup, kind):
 def _measure_tensorflow(path, setup, work_dir):
     import tensorflow as tf
 
-    if path == "emulator":
+    info = {}
+    if path in ("emulator", "emulator_xla"):
         from keras_identity.serving.emulator import ServingEmulator
 
-        emulator = ServingEmulator(setup["version_dir"])
+        # XLA on, as TF Serving with --xla_cpu_compilation_enabled=true: the
+        # --jit_compile export needs it, and so does a JAX-backend export.
+        emulator = ServingEmulator(setup["xla_version_dir" if path == "emulator_xla"
+                                         else "version_dir"],
+                                   xla_cpu_compilation_enabled=True)
+        info["needs_xla"] = sorted(emulator.needs_xla)
         calls = {batch: (lambda images=images: emulator.run("serving_default",
                                                             {"images": images}))
                  for batch, images in _load_inputs(work_dir, setup, "pixels").items()}
@@ -140,7 +157,7 @@ def _measure_tensorflow(path, setup, work_dir):
         compiled = tf.function(lambda x: model(x, training=False))
         calls = {batch: (lambda tensor=tf.constant(inputs): compiled(tensor))
                  for batch, inputs in _load_inputs(work_dir, setup, "model_inputs").items()}
-    return {}, calls
+    return info, calls
 
 
 def _measure_onnxruntime(setup, work_dir):
@@ -353,9 +370,14 @@ def _prepare(work_dir, version_dir, batches):
                  image=[height, width, channels], image_source=size_source,
                  inputs=inputs_note)
     if model is None:
-        for path in ("keras", "onnxruntime", "pytorch"):
+        for path in ("emulator_xla", "keras", "onnxruntime", "pytorch"):
             skipped[path] = "needs --model_path"
         return setup, skipped
+    reason = _export_jit_compiled(model, preprocessing, os.path.join(work_dir, "xla"))
+    if reason:
+        skipped["emulator_xla"] = reason
+    else:
+        setup["xla_version_dir"] = os.path.join(work_dir, "xla", "1")
     setup["params"] = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     setup["num_classes"] = int(model.output_shape[-1])
     setup["model"] = model.name
@@ -382,6 +404,24 @@ def _missing(module):
     import importlib.util
 
     return importlib.util.find_spec(module) is None
+
+
+def _export_jit_compiled(model, preprocessing, base):
+    """Exports ``model`` with ``jit_compile=True`` as version 1 of ``base``;
+    None, or why that row is not measured."""
+    if not FLAGS.jit_compile_export:
+        return "--nojit_compile_export"
+    from keras_identity.layers.preprocessing import find_preprocessing
+    from keras_identity.serving import export_saved_model
+
+    raw = find_preprocessing(model) is None and not (preprocessing or {}).get("normalization")
+    try:
+        export_saved_model(model, base, preprocessing, version=1, warmup=False,
+                           raw_pixels=raw, jit_compile=True)
+    except Exception as error:  # reported in the row
+        return f"the jit_compile export failed: {type(error).__name__}: " + " ".join(
+            str(error).split())[:200]
+    return None
 
 
 def _export_onnx(model, path):
@@ -491,6 +531,14 @@ def _notes(setup, rows):
              f"from {setup['image_source']}), inputs: {setup['inputs']}",
              "x ONNX Runtime: p50 latency / ONNX Runtime's (above 1: slower); x PyTorch: "
              "images/s / PyTorch's (above 1: faster)"]
+    if first.get("emulator", {}).get("needs_xla"):
+        notes.append(f"the export runs its model through XLA "
+                     f"({', '.join(first['emulator']['needs_xla'])}): TF Serving serves it "
+                     f"only with --xla_cpu_compilation_enabled=true")
+    if "needs_xla" in first.get("emulator_xla", {}):
+        notes.append("--jit_compile: the same model exported by export_saved_model(..., "
+                     "jit_compile=True), its forward pass one XLA computation; XLA compiles "
+                     "each batch size on its first call (in the warm-up calls)")
     ort = first.get("onnxruntime", {})
     if "onnxruntime" in ort:
         loops = setup.get("onnx_loops")

@@ -29,6 +29,9 @@ flags.DEFINE_integer("max_queued", 256, "REST requests that may wait for a worke
 flags.DEFINE_integer("backlog", 1024, "Listen backlog of the REST socket.")
 flags.DEFINE_float("read_timeout_s", 10.0, "Time a client has to send its whole request "
                    "(request line, headers and body); 408 beyond.")
+flags.DEFINE_bool("xla_cpu_compilation_enabled", False, "As TF Serving's flag: serve a version "
+                  "whose model runs through XLA (keras-identity-export --jit_compile, or a "
+                  "JAX-backend export); without it such a version is refused.")
 flags.mark_flag_as_required("model_base_path")
 
 
@@ -60,7 +63,11 @@ def main(argv):
         _cli.fail(error, 2)
     version_dir = os.path.join(FLAGS.model_base_path, str(version))
     try:
-        emulator = ServingEmulator(version_dir)
+        emulator = ServingEmulator(
+            version_dir, xla_cpu_compilation_enabled=FLAGS.xla_cpu_compilation_enabled)
+    except ValueError as error:  # XLA needed and not enabled
+        _cli.fail(f"version {version} in {FLAGS.model_base_path}: {error} Start "
+                  f"keras-identity-serve with --xla_cpu_compilation_enabled.", 2)
     except Exception as error:  # a missing or damaged saved_model.pb, variables, ...
         _cli.fail(f"version {version} in {FLAGS.model_base_path} is not a loadable "
                   f"SavedModel ({type(error).__name__}: "

@@ -7,6 +7,15 @@ checks each input tensor's dtype against the signature, feeds the tensors
 by their graph names and fetches the outputs.  :class:`ServingEmulator` does
 the same with ``tf.compat.v1``; :mod:`keras_identity.serving.server` adds the
 REST API's JSON formats on top.
+
+TF Serving also turns XLA off unless it is started with
+``--xla_cpu_compilation_enabled=true`` (its ``main`` calls TensorFlow's
+``DisableXlaCompilation``): a SavedModel whose graph XLA must compile (a
+``jit_compile=True`` function, such as ``keras-identity-export
+--jit_compile``'s, or the ``XlaCallModule`` of a JAX-backend export) answers
+its first request with ``XLA compilation disabled``, and fails to load where
+it has warm-up requests.  The emulator refuses such a version unless it is
+given the same switch.
 """
 
 import os
@@ -28,14 +37,47 @@ def latest_version(model_base_path):
     return max(versions)
 
 
+def needs_xla(graph_def):
+    """What of ``graph_def`` (a ``GraphDef`` with its function library)
+    TensorFlow must compile with XLA to run it: a set naming ``"jit_compile"``
+    for a function or call marked ``_XlaMustCompile``
+    (``tf.function(jit_compile=True)``) and the ``Xla*`` operations found,
+    such as jax2tf's ``XlaCallModule``, which have no kernel outside XLA;
+    empty if none."""
+    found = set()
+
+    def scan(nodes):
+        for node in nodes:
+            if node.op.startswith("Xla"):
+                found.add(node.op)
+            if "_XlaMustCompile" in node.attr and node.attr["_XlaMustCompile"].b:
+                found.add("jit_compile")
+
+    scan(graph_def.node)
+    for function in graph_def.library.function:
+        if "_XlaMustCompile" in function.attr and function.attr["_XlaMustCompile"].b:
+            found.add("jit_compile")
+        scan(function.node_def)
+    return found
+
+
 def _invalid(message):
     return InvalidArgument(None, None, message)
 
 
 class ServingEmulator:
-    """One SavedModel version, served as TF Serving serves it."""
+    """One SavedModel version, served as TF Serving serves it.
 
-    def __init__(self, version_dir):
+    ``xla_cpu_compilation_enabled``: TF Serving's flag of that name; without
+    it a version that :func:`needs_xla` is refused (``ValueError``), as TF
+    Serving fails its requests.  ``needs_xla``: what of the version XLA
+    compiles (:func:`needs_xla`).
+    """
+
+    def __init__(self, version_dir, xla_cpu_compilation_enabled=False):
+        if not isinstance(xla_cpu_compilation_enabled, bool):
+            raise ValueError(f"xla_cpu_compilation_enabled={xla_cpu_compilation_enabled!r} is "
+                             f"not valid; expected True or False.")
         self.version_dir = version_dir
         self.graph = tf.Graph()
         self.session = tf.compat.v1.Session(graph=self.graph)
@@ -46,6 +88,17 @@ class ServingEmulator:
                 self.session, [tf.saved_model.SERVING], version_dir)
         self.signature_defs = {name: sig for name, sig in meta_graph.signature_def.items()
                                if not name.startswith("__")}
+        self.needs_xla = needs_xla(meta_graph.graph_def)
+        if self.needs_xla and not xla_cpu_compilation_enabled:
+            self.session.close()
+            parts = " and ".join(
+                "a jit_compile=True function" if part == "jit_compile" else
+                f"{part} (a JAX-backend export)" if part == "XlaCallModule" else part
+                for part in sorted(self.needs_xla))
+            raise ValueError(
+                f"{version_dir} runs its model through XLA ({parts}): TF Serving serves it "
+                f"only when started with --xla_cpu_compilation_enabled=true, and so does the "
+                f"emulator (xla_cpu_compilation_enabled=True).")
 
     def close(self):
         self.session.close()

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 pytestmark = [default_route, pytest.mark.needs_tensorflow]
 
-TENSORFLOW_PATHS = ("emulator", "saved_model", "keras")
+TENSORFLOW_PATHS = ("emulator", "emulator_xla", "saved_model", "keras")
 
 
 def _cli(*args, timeout=600):
@@ -64,7 +64,7 @@ def test_tensorflow_rows_table_and_machine(small_run):
         assert onednn is cpu_kernels.tensorflow_default()
     assert [(r["key"], r["batch"]) for r in saved["rows"]] == [
         (key, batch) for batch in (1, 2) for key in
-        ("emulator", "saved_model", "keras", "onnxruntime", "pytorch")]
+        ("emulator", "emulator_xla", "saved_model", "keras", "onnxruntime", "pytorch")]
     for batch in (1, 2):
         for key in TENSORFLOW_PATHS:
             row = _row(saved, key, batch)
@@ -74,6 +74,12 @@ def test_tensorflow_rows_table_and_machine(small_run):
     # No preprocessing.json is needed, and the image size is the model's.
     assert saved["settings"]["image"] == [32, 32, 3]
     assert "SavedModel in a TF1 session (as TF Serving) | 1 |" in stdout
+    # The --jit_compile export of the same model, run with XLA on; the
+    # export given needs none.
+    assert _row(saved, "emulator_xla", 1)["needs_xla"] == ["jit_compile"]
+    assert _row(saved, "emulator", 1)["needs_xla"] == []
+    assert ("SavedModel --jit_compile in a TF1 session (TF Serving "
+            "--xla_cpu_compilation_enabled=true) | 2 |") in stdout
 
 
 def _probe(code):

@@ -18,6 +18,7 @@ pytest.importorskip("tensorflow")  # SavedModels: TensorFlow on every backend
 from keras_identity.serving.warmup import encode_png  # noqa: E402
 from keras_identity.training import TrainConfig  # noqa: E402
 from keras_identity.training import train  # noqa: E402
+from tests.backend import BACKEND  # noqa: E402
 from tests.backend import backend_neutral  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.programs import error_lines  # noqa: E402
@@ -165,13 +166,26 @@ def test_a_model_saved_from_python_exports_with_the_cli(tmp_path):
     ki.models.highway_net(10).save(tmp_path / "without.keras")
     with_prep, without = f"--model_path={tmp_path / 'with.keras'}", \
         f"--model_path={tmp_path / 'without.keras'}"
-    (ok, _, out), (refused, stderr, _), (raw, _, raw_out), (contradiction, stderr2, _) = \
-        run_cases("keras_identity_cli.export", [
+    (ok, _, out), (refused, stderr, _), (raw, _, raw_out), (contradiction, stderr2, _), \
+        (compiled, compiled_err, compiled_out) = run_cases("keras_identity_cli.export", [
             [with_prep, f"--export_dir={tmp_path / 'a'}"],
             [without, f"--export_dir={tmp_path / 'b'}"],
             [without, f"--export_dir={tmp_path / 'b'}", "--raw_pixels"],
-            [with_prep, f"--export_dir={tmp_path / 'c'}", "--raw_pixels"]])
+            [with_prep, f"--export_dir={tmp_path / 'c'}", "--raw_pixels"],
+            [with_prep, f"--export_dir={tmp_path / 'x'}", "--jit_compile"]])
     assert ok == 0 and "(layer 'preprocessing', scale)" in out
+    # TF Serving's XLA switch in the command printed where the export needs
+    # it: --jit_compile's (its warm-up requests replayed through XLA), and
+    # every JAX-backend export's, which refuses --jit_compile.
+    xla = "--port=8500 --rest_api_port=8501 --xla_cpu_compilation_enabled=true"
+    if BACKEND == "jax":
+        assert xla in out and "the JAX backend's XlaCallModule" in out
+        assert compiled == 2 and "jit_compile=True applies to the TensorFlow backend" in \
+            compiled_err, compiled_err[-2000:]
+    else:
+        assert "xla_cpu_compilation_enabled" not in out
+        assert compiled == 0 and "3 warm-up requests replayed" in compiled_out
+        assert f"--model_base_path={tmp_path / 'x'} {xla}" in compiled_out, compiled_out[-2000:]
     assert refused == 2 and error_lines(stderr) == [
         "error: the model has no preprocessing layer and no preprocessing was given "
         "(--preprocessing), so the pixel signatures would feed it pixel values in [0, 255] "
@@ -615,13 +629,26 @@ def test_bad_version_directory_and_port_in_use_are_one_line(local_server, tmp_pa
     broken = tmp_path / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "1" / "saved_model.pb").write_bytes(b"not a protobuf")
-    (code, stderr), (busy, busy_err), (control, control_err) = run_refusals(
+    import keras_identity as ki
+    from keras_identity.serving import export_saved_model
+
+    export_saved_model(ki.models.highway_net(10, include_preprocessing=True),
+                       str(tmp_path / "xla"), jit_compile=True, warmup=False)
+    (code, stderr), (busy, busy_err), (control, control_err), (xla, xla_err) = run_refusals(
         "keras_identity_cli.serve", [
             [f"--model_base_path={broken}", "--rest_api_port=0", "--port=0"],
             [f"--model_base_path={base}", f"--rest_api_port={port}", "--port=0"],
-            [f"--model_base_path={base}\x01", "--rest_api_port=0", "--port=0"]], timeout=180)
+            [f"--model_base_path={base}\x01", "--rest_api_port=0", "--port=0"],
+            [f"--model_base_path={tmp_path / 'xla'}", "--rest_api_port=0", "--port=0"]],
+        timeout=180)
     assert code == 2
     assert "is not a loadable SavedModel" in error_lines(stderr)[-1]
+    assert xla == 2 and error_lines(xla_err) == [
+        f"error: version 1 in {tmp_path / 'xla'}: {tmp_path / 'xla' / '1'} runs its model "
+        f"through XLA (a jit_compile=True function): TF Serving serves it only when started "
+        f"with --xla_cpu_compilation_enabled=true, and so does the emulator "
+        f"(xla_cpu_compilation_enabled=True). Start keras-identity-serve with "
+        f"--xla_cpu_compilation_enabled."], xla_err[-2000:]
     assert busy == 2
     assert f"cannot listen on 127.0.0.1:{port} (--rest_api_port)" in busy_err
     assert control == 2 and error_lines(control_err) == [

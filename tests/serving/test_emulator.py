@@ -7,7 +7,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")  # TensorFlow-only module
 
 from keras_identity.serving import server
-from keras_identity.serving.emulator import ServingEmulator
+from tests.serving import emulator_for_backend
 from keras_identity.serving.warmup import encode_png
 from keras_identity.serving.warmup import serving_apis
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.needs_tensorflow
 
 @pytest.fixture(scope="module")
 def emulator(cifar_export):
-    return ServingEmulator(cifar_export["version_dir"])
+    return emulator_for_backend(cifar_export["version_dir"])
 
 
 def b64(image):

@@ -11,9 +11,11 @@ import keras_identity as ki
 from keras_identity.data import Normalization
 from keras_identity.serving import export_saved_model
 from keras_identity.serving import next_version
-from keras_identity.serving.emulator import ServingEmulator
+from tests.serving import emulator_for_backend
 from keras_identity.serving.warmup import encode_png
 from keras_identity.serving.warmup import read_warmup
+from tests.backend import jax_only
+from tests.backend import tensorflow_only
 
 pytestmark = [pytest.mark.core_leg, pytest.mark.needs_tensorflow]
 
@@ -78,7 +80,7 @@ def test_warmup_requests_parse_and_replay(cifar_export):
     assert sorted(r.model_spec.signature_name for r in requests) == [
         "serving_bytes", "serving_default", "serving_uint8"]
     assert all(r.model_spec.name == "pre11" for r in requests)
-    responses = ServingEmulator(cifar_export["version_dir"]).replay_warmup()
+    responses = emulator_for_backend(cifar_export["version_dir"]).replay_warmup()
     probabilities = [tf.make_ndarray(r.outputs["probabilities"]) for r in responses]
     for p in probabilities:
         assert p.shape == (2, 10)
@@ -107,7 +109,7 @@ def test_imagenet_bytes_are_resized_and_center_cropped(tmp_path, rng):
             "eval_resize": 256, "class_names": list("abcde")}
     version_dir = export_saved_model(model, str(tmp_path), prep, warmup=False)
     photo = rng.integers(0, 256, (300, 400, 3)).astype(np.uint8)
-    out = ServingEmulator(version_dir).run(
+    out = emulator_for_backend(version_dir).run(
         "serving_bytes", {"image_bytes": np.array([encode_png(photo)], dtype=object)})
     crop = ki.data.augment.center_crop(photo, 256, 224)
     expected = model.predict(np.asarray(prep["normalization"](crop))[None], verbose=0)
@@ -125,7 +127,7 @@ def test_every_family_exports(build, shape, tmp_path, rng):
     images = rng.integers(0, 256, (3,) + shape).astype(np.uint8)
     prep = {"normalization": Normalization("scale"), "image_shape": list(shape),
             "eval_resize": None, "class_names": None}
-    emulator = ServingEmulator(export_saved_model(model, str(tmp_path), prep))
+    emulator = emulator_for_backend(export_saved_model(model, str(tmp_path), prep))
     expected = model.predict(images / 255.0, verbose=0)
     out = emulator.run("serving_bytes",
                        {"image_bytes": np.array([encode_png(i) for i in images], dtype=object)})
@@ -142,8 +144,8 @@ def test_mixed_precision_model_serves_float32(tmp_path, rng):
     prep = {"normalization": Normalization("scale"), "image_shape": [32, 32, 3],
             "eval_resize": None, "class_names": None}
     images = rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
-    mixed = ServingEmulator(export_saved_model(model, str(tmp_path / "a"), prep))
-    exact = ServingEmulator(export_saved_model(model, str(tmp_path / "b"), prep, float32=True))
+    mixed = emulator_for_backend(export_saved_model(model, str(tmp_path / "a"), prep))
+    exact = emulator_for_backend(export_saved_model(model, str(tmp_path / "b"), prep, float32=True))
     a = mixed.run("serving_uint8", {"images": images})["probabilities"]
     b = exact.run("serving_uint8", {"images": images})["probabilities"]
     assert a.dtype == np.float32 and b.dtype == np.float32
@@ -160,7 +162,7 @@ def test_resnet1001_exports(tmp_path, rng):
     prep = {"normalization": Normalization("scale"), "image_shape": [32, 32, 3],
             "eval_resize": None, "class_names": None}
     images = rng.integers(0, 256, (2, 32, 32, 3)).astype(np.uint8)
-    out = ServingEmulator(export_saved_model(model, str(tmp_path), prep)).run(
+    out = emulator_for_backend(export_saved_model(model, str(tmp_path), prep)).run(
         "serving_uint8", {"images": images})
     np.testing.assert_allclose(out["probabilities"], model.predict(images / 255.0, verbose=0),
                                atol=1e-5)
@@ -294,7 +296,7 @@ def test_a_model_without_preprocessing_is_refused_unless_it_takes_raw_pixels(tmp
     assert os.listdir(tmp_path) == []
     images = rng.integers(0, 256, (2, 28, 28, 1)).astype(np.uint8)
     version = export_saved_model(model, str(tmp_path), raw_pixels=True)
-    out = ServingEmulator(version).run("serving_uint8", {"images": images})
+    out = emulator_for_backend(version).run("serving_uint8", {"images": images})
     np.testing.assert_allclose(out["probabilities"],
                                model.predict(images.astype(np.float32), verbose=0), atol=1e-5)
     assert "feeds it pixel values in [0, 255]" in (
@@ -319,10 +321,69 @@ def test_a_preset_exports_and_serves_its_test_digits(tmp_path):
     images, labels = data.x_test[:16], data.y_test[:16]
     prep = {"normalization": Normalization("scale"), "image_shape": [28, 28, 1],
             "eval_resize": None, "class_names": [str(i) for i in range(10)]}
-    emulator = ServingEmulator(export_saved_model(model, str(tmp_path), prep, warmup=False))
+    emulator = emulator_for_backend(export_saved_model(model, str(tmp_path), prep, warmup=False))
     out = emulator.run("serving_bytes",
                        {"image_bytes": np.array([encode_png(i) for i in images], dtype=object)})
     expected = model.predict(images / 255.0, verbose=0)
     np.testing.assert_allclose(out["probabilities"], expected, atol=1e-5)
     served = [int(c[0]) for c in out["class_names"]]
     assert served == list(np.argmax(expected, -1)) and np.mean(np.equal(served, labels)) >= 0.9
+
+
+@tensorflow_only
+def test_jit_compile_export_serves_the_same_outputs_and_needs_the_xla_flag(tmp_path, rng):
+    """``jit_compile=True``: the looped model's forward pass as one XLA
+    computation in every signature, the same probabilities as the default
+    export; the emulator, as TF Serving, runs it only with
+    ``xla_cpu_compilation_enabled`` and the default export without it."""
+    from keras_identity.serving.emulator import ServingEmulator
+    from keras_identity.serving.emulator import needs_xla
+
+    keras.utils.set_random_seed(3)
+    model = ki.models.preact_resnet(20, stage_mode="scan", include_preprocessing=True)
+    model.get_layer("preprocessing").adapt(rng.uniform(0, 255, (16, 32, 32, 3)))
+    for layer in model.layers:  # moving statistics that are not the initial 0 and 1
+        for variable in layer.non_trainable_variables:
+            if "moving" in variable.path:
+                low = 0.5 if "variance" in variable.path else -0.2
+                variable.assign(rng.uniform(low, low + 0.7, variable.shape))
+    images = rng.uniform(0, 255, (3, 32, 32, 3)).astype(np.float32)
+    expected = model.predict(images, verbose=0)
+    plain = export_saved_model(model, str(tmp_path / "plain"), warmup=False)
+    compiled = export_saved_model(model, str(tmp_path / "xla"), jit_compile=True)
+    with pytest.raises(ValueError, match=r"--xla_cpu_compilation_enabled=true"):
+        ServingEmulator(compiled)
+    emulator = ServingEmulator(compiled, xla_cpu_compilation_enabled=True)
+    assert emulator.needs_xla and not ServingEmulator(plain).needs_xla
+    assert len(emulator.replay_warmup()) == 3
+    for signature, fed in (("serving_default", images),
+                           ("serving_uint8", images.round().astype(np.uint8))):
+        out = emulator.run(signature, {"images": fed})
+        reference = expected if signature == "serving_default" else model.predict(
+            fed.astype(np.float32), verbose=0)
+        np.testing.assert_allclose(out["probabilities"], reference, atol=2e-5)
+        assert 0.05 < out["probabilities"].max() < 0.999  # outputs that can differ
+    functions = emulator.graph.as_graph_def().library.function
+    assert sum(f.attr["_XlaMustCompile"].b for f in functions
+               if "_XlaMustCompile" in f.attr) == 3  # the model, in each signature
+    with pytest.raises(ValueError, match="xla_cpu_compilation_enabled=1 is not valid"):
+        ServingEmulator(plain, xla_cpu_compilation_enabled=1)
+    assert emulator.needs_xla == {"jit_compile"}
+    assert needs_xla(tf.compat.v1.GraphDef()) == set()
+
+
+@jax_only
+def test_a_jax_export_needs_the_xla_flag_and_refuses_jit_compile(cifar_export, tmp_path):
+    """A JAX-backend export runs its model in an ``XlaCallModule``: TF
+    Serving (the emulator) serves it only with XLA enabled; ``jit_compile``
+    does not apply to it."""
+    from keras_identity.serving.emulator import ServingEmulator
+
+    with pytest.raises(ValueError, match=r"XlaCallModule.*--xla_cpu_compilation_enabled"):
+        ServingEmulator(cifar_export["version_dir"])
+    assert ServingEmulator(cifar_export["version_dir"],
+                           xla_cpu_compilation_enabled=True).needs_xla == {"XlaCallModule"}
+    with pytest.raises(ValueError, match="jit_compile=True applies to the TensorFlow backend"):
+        export_saved_model(cifar_export["model"], str(tmp_path), cifar_export["prep"],
+                           jit_compile=True)
+    assert not os.listdir(tmp_path)
