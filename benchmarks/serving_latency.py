@@ -519,7 +519,7 @@ def _rows(batches, results, skipped):
 
 
 def _notes(setup, rows):
-    first = {row["key"]: row for row in rows}
+    by_key = {row["key"]: row for row in rows}
     kernels = {row.get("onednn") for row in rows if "onednn" in row}
     expected = os.environ[cpu_kernels.VARIABLE] == "1"
     notes = [] if kernels <= {expected} else [
@@ -531,15 +531,16 @@ def _notes(setup, rows):
              f"from {setup['image_source']}), inputs: {setup['inputs']}",
              "x ONNX Runtime: p50 latency / ONNX Runtime's (above 1: slower); x PyTorch: "
              "images/s / PyTorch's (above 1: faster)"]
-    if first.get("emulator", {}).get("needs_xla"):
+    if by_key.get("emulator", {}).get("needs_xla"):
         notes.append(f"the export runs its model through XLA "
-                     f"({', '.join(first['emulator']['needs_xla'])}): TF Serving serves it "
+                     f"({', '.join(by_key['emulator']['needs_xla'])}): TF Serving serves it "
                      f"only with --xla_cpu_compilation_enabled=true")
-    if "needs_xla" in first.get("emulator_xla", {}):
-        notes.append("--jit_compile: the same model exported by export_saved_model(..., "
-                     "jit_compile=True), its forward pass one XLA computation; XLA compiles "
-                     "each batch size on its first call (in the warm-up calls)")
-    ort = first.get("onnxruntime", {})
+    if "needs_xla" in by_key.get("emulator_xla", {}):
+        notes.append("--jit_compile: --model_path exported by export_saved_model(..., "
+                     "jit_compile=True) with its other options at their defaults (a "
+                     "mixed-precision model stays so), its forward pass one XLA computation; "
+                     "XLA compiles each batch size on its first call (in the warm-up calls)")
+    ort = by_key.get("onnxruntime", {})
     if "onnxruntime" in ort:
         loops = setup.get("onnx_loops")
         notes.append(f"ONNX Runtime {ort['onnxruntime']}: CPUExecutionProvider, default "
@@ -547,7 +548,7 @@ def _notes(setup, rows):
                      f"differ from Keras's by at most {ort['max_abs_diff']:.1e}"
                      + (f"; the export runs the looped stages as {loops} ONNX Loop(s)"
                         if loops else ""))
-    torch = first.get("pytorch", {})
+    torch = by_key.get("pytorch", {})
     if "torch" in torch:
         notes.append(f"PyTorch {torch['torch']}: the pre-activation ResNet-"
                      f"{setup['torch_depth']} rebuild of benchmarks/torch_resnet.py with "

@@ -61,8 +61,8 @@ flags.DEFINE_integer("eval_resize", None, "serving_bytes resizes an image's shor
                      "height).")
 flags.DEFINE_bool("overwrite", False, "Replace an existing version.")
 flags.DEFINE_bool("jit_compile", False, "The model's forward pass as one XLA computation "
-                  "(TensorFlow backend; about half the batch-1 CPU latency): TF Serving then "
-                  "needs --xla_cpu_compilation_enabled=true.")
+                  "(TensorFlow backend; a half to two-thirds of the batch-1 CPU latency): TF "
+                  "Serving then needs --xla_cpu_compilation_enabled=true.")
 flags.DEFINE_integer("max_image_bytes", 20 * 2 ** 20, "serving_bytes refuses an encoded image "
                      "larger than this (InvalidArgument).")
 flags.DEFINE_integer("max_image_pixels", 36_000_000, "serving_bytes refuses an image whose "
@@ -100,6 +100,7 @@ def main(argv):
     from keras_identity.models import load_model
     from keras_identity.serving import export_saved_model
     from keras_identity.serving.emulator import ServingEmulator
+    from keras_identity.serving.emulator import describe_xla
     from keras_identity.serving.signatures import input_description
 
     try:
@@ -147,9 +148,8 @@ def main(argv):
         FLAGS.export_dir)
     xla = ""
     if emulator.needs_xla:
-        print("XLA: the model runs as an XLA computation (" + (
-            "--jit_compile" if FLAGS.jit_compile else "the JAX backend's XlaCallModule")
-            + "); TF Serving runs it only with --xla_cpu_compilation_enabled=true")
+        print(f"XLA: the model runs through XLA ({describe_xla(emulator.needs_xla)}); TF "
+              f"Serving runs it only with --xla_cpu_compilation_enabled=true")
         xla = " --xla_cpu_compilation_enabled=true"
     print(f"serve with: tensorflow_model_server --model_name={name} "
           f"--model_base_path={base} --port=8500 --rest_api_port=8501{xla}")

@@ -43,6 +43,8 @@ def main(argv):
 
     from keras_identity.serving import server
     from keras_identity.serving.emulator import ServingEmulator
+    from keras_identity.serving.emulator import XlaDisabledError
+    from keras_identity.serving.emulator import describe_xla
     from keras_identity.serving.emulator import latest_version
 
     from keras_identity import storage
@@ -65,9 +67,11 @@ def main(argv):
     try:
         emulator = ServingEmulator(
             version_dir, xla_cpu_compilation_enabled=FLAGS.xla_cpu_compilation_enabled)
-    except ValueError as error:  # XLA needed and not enabled
-        _cli.fail(f"version {version} in {FLAGS.model_base_path}: {error} Start "
-                  f"keras-identity-serve with --xla_cpu_compilation_enabled.", 2)
+    except XlaDisabledError as error:
+        _cli.fail(f"version {version} in {FLAGS.model_base_path} runs its model through XLA "
+                  f"({describe_xla(error.parts)}), which TF Serving serves only with "
+                  f"--xla_cpu_compilation_enabled=true: start keras-identity-serve with "
+                  f"--xla_cpu_compilation_enabled", 2)
     except Exception as error:  # a missing or damaged saved_model.pb, variables, ...
         _cli.fail(f"version {version} in {FLAGS.model_base_path} is not a loadable "
                   f"SavedModel ({type(error).__name__}: "

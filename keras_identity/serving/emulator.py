@@ -61,6 +61,28 @@ def needs_xla(graph_def):
     return found
 
 
+def describe_xla(parts):
+    """Words for :func:`needs_xla`'s set: ``"a jit_compile=True function and
+    a JAX-backend export's XlaCallModule"``."""
+    return " and ".join(
+        "a jit_compile=True function" if part == "jit_compile" else
+        f"a JAX-backend export's {part}" if part == "XlaCallModule" else part
+        for part in sorted(parts))
+
+
+class XlaDisabledError(ValueError):
+    """A version that XLA must compile, refused as TF Serving started
+    without ``--xla_cpu_compilation_enabled=true`` fails it; ``parts``: what
+    of it XLA compiles (:func:`needs_xla`)."""
+
+    def __init__(self, version_dir, parts):
+        self.parts = parts
+        super().__init__(
+            f"{version_dir} runs its model through XLA ({describe_xla(parts)}): TF Serving "
+            f"serves it only when started with --xla_cpu_compilation_enabled=true "
+            f"(the emulator: xla_cpu_compilation_enabled=True).")
+
+
 def _invalid(message):
     return InvalidArgument(None, None, message)
 
@@ -69,8 +91,8 @@ class ServingEmulator:
     """One SavedModel version, served as TF Serving serves it.
 
     ``xla_cpu_compilation_enabled``: TF Serving's flag of that name; without
-    it a version that :func:`needs_xla` is refused (``ValueError``), as TF
-    Serving fails its requests.  ``needs_xla``: what of the version XLA
+    it a version that :func:`needs_xla` is refused (:class:`XlaDisabledError`,
+    a ``ValueError``), as TF Serving fails its requests.  ``needs_xla``: what of the version XLA
     compiles (:func:`needs_xla`).
     """
 
@@ -91,14 +113,7 @@ class ServingEmulator:
         self.needs_xla = needs_xla(meta_graph.graph_def)
         if self.needs_xla and not xla_cpu_compilation_enabled:
             self.session.close()
-            parts = " and ".join(
-                "a jit_compile=True function" if part == "jit_compile" else
-                f"{part} (a JAX-backend export)" if part == "XlaCallModule" else part
-                for part in sorted(self.needs_xla))
-            raise ValueError(
-                f"{version_dir} runs its model through XLA ({parts}): TF Serving serves it "
-                f"only when started with --xla_cpu_compilation_enabled=true, and so does the "
-                f"emulator (xla_cpu_compilation_enabled=True).")
+            raise XlaDisabledError(version_dir, self.needs_xla)
 
     def close(self):
         self.session.close()

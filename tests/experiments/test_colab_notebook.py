@@ -98,6 +98,8 @@ def test_notebook_runs_top_to_bottom(route, tmp_path):
         assert "devices: [CpuDevice(id=0)]" in text
     assert "test error" in text
     assert "3 warm-up requests replayed" in text
+    # A JAX export runs its model through XLA: TF Serving needs its flag.
+    assert ("serve with --xla_cpu_compilation_enabled=true" in text) is (route == "jax")
     assert "signature_def['serving_bytes']" in text
     assert (tmp_path / "runs" / "colab_tiny" / "curves.png").exists()
     assert (tmp_path / "serving" / "colab_tiny" / "1" / "saved_model.pb").exists()
