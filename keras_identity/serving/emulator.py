@@ -44,20 +44,14 @@ def needs_xla(graph_def):
     (``tf.function(jit_compile=True)``) and the ``Xla*`` operations found,
     such as jax2tf's ``XlaCallModule``, which have no kernel outside XLA;
     empty if none."""
-    found = set()
+    def marked(attrs):
+        return "_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b
 
-    def scan(nodes):
-        for node in nodes:
-            if node.op.startswith("Xla"):
-                found.add(node.op)
-            if "_XlaMustCompile" in node.attr and node.attr["_XlaMustCompile"].b:
-                found.add("jit_compile")
-
-    scan(graph_def.node)
-    for function in graph_def.library.function:
-        if "_XlaMustCompile" in function.attr and function.attr["_XlaMustCompile"].b:
-            found.add("jit_compile")
-        scan(function.node_def)
+    functions = graph_def.library.function
+    nodes = [*graph_def.node, *(node for f in functions for node in f.node_def)]
+    found = {node.op for node in nodes if node.op.startswith("Xla")}
+    if any(marked(node.attr) for node in nodes) or any(marked(f.attr) for f in functions):
+        found.add("jit_compile")
     return found
 
 
@@ -92,8 +86,8 @@ class ServingEmulator:
 
     ``xla_cpu_compilation_enabled``: TF Serving's flag of that name; without
     it a version that :func:`needs_xla` is refused (:class:`XlaDisabledError`,
-    a ``ValueError``), as TF Serving fails its requests.  ``needs_xla``: what of the version XLA
-    compiles (:func:`needs_xla`).
+    a ``ValueError``), as TF Serving fails its requests.  ``needs_xla``: what
+    of the version XLA compiles (:func:`needs_xla`).
     """
 
     def __init__(self, version_dir, xla_cpu_compilation_enabled=False):

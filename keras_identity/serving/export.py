@@ -97,8 +97,9 @@ def export_saved_model(model, export_base, preprocessing=None, *, class_names=No
         jit_compile: the model's forward pass in every signature as one XLA computation
             (``tf.function(jit_compile=True)``; decoding, checks and top-k stay TensorFlow
             operations), TensorFlow backend only: at batch 1 on a CPU it runs in about half
-            the default graph's time on AVX-512 Xeons, two-thirds on AVX2 (docs/serving.md).  TF Serving runs such a version
-            only when started with ``--xla_cpu_compilation_enabled=true`` (off by default;
+            the default graph's time on AVX-512 Xeons, two-thirds on AVX2 (docs/serving.md).
+            TF Serving runs such a version only when started with
+            ``--xla_cpu_compilation_enabled=true`` (off by default;
             :mod:`keras_identity.serving.emulator`), and XLA compiles each new batch size on
             its first request (about a second for ResNet-164).  A JAX-backend export is XLA
             already (``XlaCallModule``) and needs that flag too.
