@@ -11,7 +11,11 @@ For one model and batch it measures, in the same run:
 * the convolutions alone: every convolution of the net (forward, gradient
   of the input, gradient of the kernel) timed on its own shape and summed
   over the net, on TensorFlow and, in a worker that imports PyTorch alone, on
-  PyTorch channels-last.
+  PyTorch channels-last;
+* with ``--conv_threads``, the same two sums at each number of threads per
+  operation, in fresh processes alternated between the frameworks: how far
+  each framework's convolution kernels gain from a second core (TensorFlow
+  runs oneDNN on its own thread pool, PyTorch on OpenMP).
 
 The difference between the step and the convolutions is what BN, ReLU, the
 additions, the loop and the optimizer cost.  The convolutions' two sums say
@@ -19,6 +23,7 @@ how far any Keras backend can outrun PyTorch on this machine when both run the
 same convolution kernels' work.  Prints a Markdown table naming the machine.
 
     python -m benchmarks.step_profile --depth=164 --batch=64
+    python -m benchmarks.step_profile --nostep --conv_threads=1,2
 """
 
 import json
@@ -44,7 +49,35 @@ def _define_flags():
     flags.DEFINE_integer("batch", 64, "Batch size.")
     flags.DEFINE_integer("repeats", 5, "Timed repetitions of each part (the median is shown).")
     flags.DEFINE_boolean("torch", True, "Also sum the convolutions in PyTorch channels-last.")
+    flags.DEFINE_boolean("step", True, "Time the training step and its parts (--nostep: the "
+                         "--conv_threads table alone).")
+    flags.DEFINE_list("conv_threads", [], "Threads per operation at which to sum the "
+                      "convolutions again, each in fresh processes of both frameworks "
+                      "(for example 1,2; none by default).")
+    flags.DEFINE_integer("rounds", 2, "--conv_threads: alternated rounds of fresh processes "
+                         "(the median is shown).")
     flags.DEFINE_string("output_json", None, "Where to write the JSON (optional).")
+
+
+def check_settings(depth, batch, repeats, step, conv_threads, rounds):
+    """The thread counts of ``conv_threads`` as ints, once every setting is
+    checked; a ValueError naming the flag otherwise."""
+    from keras_identity.models.resnet import resolve_depth
+
+    resolve_depth(depth, "cifar10")
+    for name, value in (("batch", batch), ("repeats", repeats), ("rounds", rounds)):
+        if value < 1:
+            raise ValueError(f"--{name}={value} is not valid; expected a positive integer.")
+    threads = []
+    for value in conv_threads:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--conv_threads={','.join(conv_threads)} is not valid; expected "
+                             f"positive integers, such as 1,2.")
+        threads.append(int(value))
+    if not step and not threads:
+        raise ValueError("--nostep leaves nothing to time; give --conv_threads (such as 1,2) "
+                         "or drop --nostep.")
+    return threads
 
 
 def conv_shapes(depth, batch, image=32):
@@ -177,11 +210,13 @@ def _keras_parts(depth, batch, repeats):
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _torch_convolutions(shapes, repeats):
+def _torch_convolutions(shapes, repeats, threads=None):
     """The convolutions' sum in PyTorch channels-last, in a process that
-    imports PyTorch alone."""
+    imports PyTorch alone (``threads`` per operation, or PyTorch's own)."""
     program = f"""
 import json, statistics, time, torch
+if {threads!r} is not None:
+    torch.set_num_threads({threads!r})
 shapes, repeats, total = {json.dumps([[list(k), v] for k, v in shapes.items()])}, {repeats}, 0.0
 for (n, h, w, cin, cout, k, stride), count in shapes:
     layout = torch.channels_last
@@ -204,6 +239,60 @@ print("RESULT " + json.dumps(dict(convolutions_s=total, torch=torch.__version__)
     return machine.result(done)
 
 
+_TF_WORKER = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import keras_identity  # TensorFlow's CPU kernels as the trainer chooses them
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads({threads})
+tf.config.threading.set_inter_op_parallelism_threads(1)
+from benchmarks import step_profile
+shapes = {{tuple(k): v for k, v in {shapes}}}
+total = step_profile._tensorflow_convolutions(shapes, {repeats})
+print("RESULT " + json.dumps(dict(convolutions_s=total, tensorflow=tf.__version__)))
+"""
+
+
+def thread_sums(shapes, threads, repeats, rounds, torch=True):
+    """Rows of the convolutions' sums at each of ``threads`` per operation
+    (one operation at a time), TensorFlow and PyTorch channels-last, each a
+    fresh process, the two alternated for ``rounds`` rounds; medians."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    encoded = json.dumps([[list(k), v] for k, v in shapes.items()])
+    sums = {(t, side): [] for t in threads for side in ("tensorflow", "pytorch")}
+    errors = {}
+    for _ in range(rounds):
+        for t in threads:
+            program = _TF_WORKER.format(repo=repo, threads=t, shapes=encoded, repeats=repeats)
+            sides = [("tensorflow", lambda: machine.run_worker(["-c", program], {}, None))]
+            if torch:
+                sides.append(("pytorch", lambda: _torch_convolutions(shapes, repeats, t)))
+            for side, measure in sides:
+                got = measure()
+                if "error" in got:
+                    errors[(t, side)] = got["error"]
+                else:
+                    sums[(t, side)].append(got["convolutions_s"])
+    rows = []
+    for t in threads:
+        row = dict(threads=t)
+        for side in ("tensorflow", "pytorch"):
+            values = sums[(t, side)]
+            row[f"{side}_ms"] = statistics.median(values) * 1000 if values else None
+            row[f"{side}_runs_ms"] = [v * 1000 for v in values]
+        row["ratio"] = (row["tensorflow_ms"] / row["pytorch_ms"]
+                        if row["tensorflow_ms"] and row["pytorch_ms"] else None)
+        row["note"] = "; ".join(f"{side}: {errors[(t, side)]}" for side in
+                                ("tensorflow", "pytorch") if (t, side) in errors) or None
+        rows.append(row)
+    first = rows[0]
+    for row in rows:  # what the extra threads gain over the first count
+        for side in ("tensorflow", "pytorch"):
+            row[f"{side}_gain"] = (first[f"{side}_ms"] / row[f"{side}_ms"]
+                                   if first[f"{side}_ms"] and row[f"{side}_ms"] else None)
+    return rows
+
+
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -214,17 +303,38 @@ def main(argv):
         sys.exit("benchmarks.step_profile: TensorFlow is not installed; pip install -e "
                  "\".[cpu]\".")
     try:
-        from keras_identity.models.resnet import resolve_depth
-
-        resolve_depth(FLAGS.depth, "cifar10")
-        if FLAGS.batch < 1 or FLAGS.repeats < 1:
-            raise ValueError(f"--batch={FLAGS.batch} and --repeats={FLAGS.repeats} must be "
-                             f"positive.")
+        threads = check_settings(FLAGS.depth, FLAGS.batch, FLAGS.repeats, FLAGS.step,
+                                 FLAGS.conv_threads, FLAGS.rounds)
     except ValueError as error:
         sys.exit(f"benchmarks.step_profile: {error}")
     description = machine.describe()
     print(f"Step profile on {description}", flush=True)
     shapes = conv_shapes(FLAGS.depth, FLAGS.batch)
+    rows, thread_rows, torch_version = [], [], None
+    if FLAGS.step:
+        rows, torch_version = _step_rows(shapes, description)
+    if threads:
+        thread_rows = thread_sums(shapes, threads, FLAGS.repeats, FLAGS.rounds, FLAGS.torch)
+        print(f"\nMachine: {description}; the convolutions of preact_resnet{FLAGS.depth}, "
+              f"batch {FLAGS.batch}, float32, each timed alone and summed, one operation at "
+              f"a time; fresh processes, median of {FLAGS.rounds} alternated rounds\n")
+        print(machine.table(thread_rows, [
+            ("threads", "threads per operation", "{}"),
+            ("tensorflow_ms", "TensorFlow ms", "{:.1f}"),
+            ("tensorflow_gain", f"TensorFlow x {threads[0]} thread(s)", "{:.2f}"),
+            ("pytorch_ms", "PyTorch channels-last ms", "{:.1f}"),
+            ("pytorch_gain", f"PyTorch x {threads[0]} thread(s)", "{:.2f}"),
+            ("ratio", "TensorFlow time / PyTorch's", "{:.2f}"), ("note", "note", "{}")]))
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(dict(machine=description, depth=FLAGS.depth, batch=FLAGS.batch,
+                           torch=torch_version, rows=rows, conv_threads=thread_rows), f,
+                      indent=2)
+
+
+def _step_rows(shapes, description):
+    """The step's parts and the convolutions' sums (rows of the first table),
+    printed, and PyTorch's version."""
     parts = _keras_parts(FLAGS.depth, FLAGS.batch, FLAGS.repeats)
     parts["tf_convolutions_s"] = _tensorflow_convolutions(shapes, FLAGS.repeats)
     torch_parts = _torch_convolutions(shapes, FLAGS.repeats) if FLAGS.torch else {}
@@ -251,10 +361,7 @@ def main(argv):
           f"float32, median of {FLAGS.repeats}\n")
     print(machine.table(rows, [("part", "part", "{}"), ("ms", "ms per step", "{:.1f}"),
                                ("share", "of the step", "{:.0%}"), ("note", "note", "{}")]))
-    if FLAGS.output_json:
-        with open(FLAGS.output_json, "w") as f:
-            json.dump(dict(machine=description, depth=FLAGS.depth, batch=FLAGS.batch,
-                           torch=torch_parts.get("torch"), rows=rows), f, indent=2)
+    return rows, torch_parts.get("torch")
 
 
 if __name__ == "__main__":
