@@ -70,10 +70,14 @@ def check_settings(depth, batch, repeats, step, conv_threads, rounds):
             raise ValueError(f"--{name}={value} is not valid; expected a positive integer.")
     threads = []
     for value in conv_threads:
-        if not value.isdigit() or int(value) < 1:
+        try:
+            count = int(value)
+        except ValueError:
+            count = 0
+        if count < 1 or count in threads:
             raise ValueError(f"--conv_threads={','.join(conv_threads)} is not valid; expected "
-                             f"positive integers, such as 1,2.")
-        threads.append(int(value))
+                             f"distinct positive integers, such as 1,2.")
+        threads.append(count)
     if not step and not threads:
         raise ValueError("--nostep leaves nothing to time; give --conv_threads (such as 1,2) "
                          "or drop --nostep.")
@@ -256,26 +260,28 @@ print("RESULT " + json.dumps(dict(convolutions_s=total, tensorflow=tf.__version_
 def thread_sums(shapes, threads, repeats, rounds, torch=True):
     """Rows of the convolutions' sums at each of ``threads`` per operation
     (one operation at a time), TensorFlow and PyTorch channels-last, each a
-    fresh process, the two alternated for ``rounds`` rounds; medians."""
+    fresh process, the two alternated for ``rounds`` rounds; medians, and the
+    frameworks' versions."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     encoded = json.dumps([[list(k), v] for k, v in shapes.items()])
     sums = {(t, side): [] for t in threads for side in ("tensorflow", "pytorch")}
-    errors = {}
+    errors, versions = {}, {}
     for _ in range(rounds):
         for t in threads:
             program = _TF_WORKER.format(repo=repo, threads=t, shapes=encoded, repeats=repeats)
-            sides = [("tensorflow", lambda: machine.run_worker(["-c", program], {}, None))]
+            results = [("tensorflow", machine.run_worker(["-c", program], {}, None))]
             if torch:
-                sides.append(("pytorch", lambda: _torch_convolutions(shapes, repeats, t)))
-            for side, measure in sides:
-                got = measure()
+                results.append(("pytorch", _torch_convolutions(shapes, repeats, t)))
+            for side, got in results:
                 if "error" in got:
                     errors[(t, side)] = got["error"]
                 else:
                     sums[(t, side)].append(got["convolutions_s"])
+                    versions[side] = got["tensorflow" if side == "tensorflow" else "torch"]
     rows = []
     for t in threads:
-        row = dict(threads=t)
+        row = dict(threads=t, tensorflow=versions.get("tensorflow"),
+                   torch=versions.get("pytorch"))
         for side in ("tensorflow", "pytorch"):
             values = sums[(t, side)]
             row[f"{side}_ms"] = statistics.median(values) * 1000 if values else None
@@ -315,15 +321,16 @@ def main(argv):
         rows, torch_version = _step_rows(shapes, description)
     if threads:
         thread_rows = thread_sums(shapes, threads, FLAGS.repeats, FLAGS.rounds, FLAGS.torch)
+        torch_version = torch_version or thread_rows[0]["torch"]
         print(f"\nMachine: {description}; the convolutions of preact_resnet{FLAGS.depth}, "
               f"batch {FLAGS.batch}, float32, each timed alone and summed, one operation at "
               f"a time; fresh processes, median of {FLAGS.rounds} alternated rounds\n")
         print(machine.table(thread_rows, [
             ("threads", "threads per operation", "{}"),
             ("tensorflow_ms", "TensorFlow ms", "{:.1f}"),
-            ("tensorflow_gain", f"TensorFlow x {threads[0]} thread(s)", "{:.2f}"),
+            ("tensorflow_gain", f"TensorFlow gain over {threads[0]} thread(s)", "{:.2f}"),
             ("pytorch_ms", "PyTorch channels-last ms", "{:.1f}"),
-            ("pytorch_gain", f"PyTorch x {threads[0]} thread(s)", "{:.2f}"),
+            ("pytorch_gain", f"PyTorch gain over {threads[0]} thread(s)", "{:.2f}"),
             ("ratio", "TensorFlow time / PyTorch's", "{:.2f}"), ("note", "note", "{}")]))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
