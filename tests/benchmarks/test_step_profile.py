@@ -4,6 +4,7 @@ import pytest
 
 from benchmarks import run as bench
 from benchmarks import step_profile
+from tests.backend import default_route
 
 
 @pytest.mark.parametrize("depth, count", [(164, 1 + 3 * (4 + 3 * 17)), (110, 1 + 3 * 2 * 18)])
@@ -29,6 +30,8 @@ def test_settings_are_refused_in_one_line_naming_the_flag(settings, flag):
     assert step_profile.check_settings(**dict(given, conv_threads=["2", "1"])) == [2, 1]
 
 
+@default_route
+@pytest.mark.needs_tensorflow
 def test_thread_sums_time_both_frameworks_in_fresh_processes():
     shapes = step_profile.conv_shapes(20, batch=1)
     (row,) = step_profile.thread_sums(shapes, [1], repeats=1, rounds=2, torch=True)
