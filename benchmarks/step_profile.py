@@ -62,12 +62,12 @@ def _define_flags():
 def check_settings(depth, batch, repeats, step, conv_threads, rounds):
     """The thread counts of ``conv_threads`` as ints, once every setting is
     checked; a ValueError naming the flag otherwise."""
+    from keras_identity import _checks
     from keras_identity.models.resnet import resolve_depth
 
     resolve_depth(depth, "cifar10")
     for name, value in (("batch", batch), ("repeats", repeats), ("rounds", rounds)):
-        if value < 1:
-            raise ValueError(f"--{name}={value} is not valid; expected a positive integer.")
+        _checks.check_positive_int(f"--{name}", value)
     threads = []
     for value in conv_threads:
         try:
@@ -214,6 +214,11 @@ def _keras_parts(depth, batch, repeats):
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _encoded(shapes):
+    """``shapes`` (:func:`conv_shapes`) as JSON, for a worker's program."""
+    return json.dumps([[list(k), v] for k, v in shapes.items()])
+
+
 def _torch_convolutions(shapes, repeats, threads=None):
     """The convolutions' sum in PyTorch channels-last, in a process that
     imports PyTorch alone (``threads`` per operation, or PyTorch's own)."""
@@ -221,7 +226,7 @@ def _torch_convolutions(shapes, repeats, threads=None):
 import json, statistics, time, torch
 if {threads!r} is not None:
     torch.set_num_threads({threads!r})
-shapes, repeats, total = {json.dumps([[list(k), v] for k, v in shapes.items()])}, {repeats}, 0.0
+shapes, repeats, total = {_encoded(shapes)}, {repeats}, 0.0
 for (n, h, w, cin, cout, k, stride), count in shapes:
     layout = torch.channels_last
     x = torch.randn(n, cin, h, w).to(memory_format=layout).requires_grad_()
@@ -263,7 +268,7 @@ def thread_sums(shapes, threads, repeats, rounds, torch=True):
     fresh process, the two alternated for ``rounds`` rounds; medians, and the
     frameworks' versions."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    encoded = json.dumps([[list(k), v] for k, v in shapes.items()])
+    encoded = _encoded(shapes)
     sums = {(t, side): [] for t in threads for side in ("tensorflow", "pytorch")}
     errors, versions = {}, {}
     for _ in range(rounds):
